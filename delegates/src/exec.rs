@@ -1,0 +1,406 @@
+//! Finding a plugin binary in the search path and executing it with the CNI protocol: the
+//! environment, the config on stdin, a deadline, and the result or error on stdout.
+
+use plexus_conf::error::{code, CniError};
+use plexus_conf::validate;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The CNI verb passed in `CNI_COMMAND`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// ADD
+    Add,
+    /// DEL
+    Del,
+    /// CHECK
+    Check,
+    /// STATUS
+    Status,
+    /// GC
+    Gc,
+    /// VERSION
+    Version,
+}
+
+impl Verb {
+    /// The `CNI_COMMAND` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Add => "ADD",
+            Verb::Del => "DEL",
+            Verb::Check => "CHECK",
+            Verb::Status => "STATUS",
+            Verb::Gc => "GC",
+            Verb::Version => "VERSION",
+        }
+    }
+}
+
+/// The per-call CNI environment for a plugin invocation.
+#[derive(Debug, Clone, Default)]
+pub struct CniEnv {
+    /// `CNI_CONTAINERID`
+    pub container_id: String,
+    /// `CNI_NETNS`
+    pub netns: String,
+    /// `CNI_IFNAME`
+    pub ifname: String,
+    /// `CNI_ARGS`
+    pub args: String,
+    /// `CNI_PATH` entries.
+    pub path: Vec<PathBuf>,
+}
+
+/// Find the binary for plugin `plugin_type` in `dirs` (first match wins). The name must be bare:
+/// a `/` or `..` would escape the plugin directories.
+pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, CniError> {
+    validate::plugin_type(plugin_type)?;
+    for dir in dirs {
+        let candidate = dir.join(plugin_type);
+        if let Ok(meta) = std::fs::metadata(&candidate) {
+            if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(CniError::new(
+        code::INVALID_CONFIG,
+        format!("failed to find plugin {plugin_type:?}"),
+        format!(
+            "searched [{}]",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
+}
+
+/// What a finished plugin printed.
+#[derive(Debug)]
+struct Finished {
+    success: bool,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Run `binary` with `verb`, `env` and `stdin`, and return its parsed stdout (`None` when it
+/// printed nothing). A plugin error is returned with its own code; the message names the plugin
+/// and verb. The plugin runs in its own process group, killed whole at the deadline.
+pub fn exec_plugin(
+    binary: &Path,
+    verb: Verb,
+    env: &CniEnv,
+    stdin: &[u8],
+    timeout: Duration,
+) -> Result<Option<Value>, CniError> {
+    let name = binary
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ctx = format!("plugin {name} {}", verb.as_str());
+    let started = Instant::now();
+    let finished = run(binary, verb, env, stdin, timeout).map_err(|e| e.context(&ctx))?;
+    tracing::debug!(plugin = %name, verb = verb.as_str(), ifname = %env.ifname,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, ok = finished.success, "delegate finished");
+    if !finished.stderr.is_empty() {
+        let text = String::from_utf8_lossy(&finished.stderr);
+        tracing::debug!(plugin = %name, stderr = %text.trim_end(), "delegate stderr");
+    }
+    let stdout = trim(&finished.stdout);
+    if finished.success {
+        if stdout.is_empty() {
+            return Ok(None);
+        }
+        return serde_json::from_slice(stdout).map(Some).map_err(|e| {
+            CniError::decode(
+                format!("{ctx}: failed to parse plugin output"),
+                format!("{e}; output was {:?}", preview(stdout)),
+            )
+        });
+    }
+    // Failure: stdout should hold the error object; fall back to stderr text (libcni RawExec).
+    if let Ok(v) = serde_json::from_slice::<Value>(stdout) {
+        if let Some(err) = CniError::parse(&v) {
+            return Err(err.context(&ctx));
+        }
+    }
+    let stderr = String::from_utf8_lossy(trim(&finished.stderr)).into_owned();
+    let details = if !stdout.is_empty() {
+        format!(
+            "unparsable error output {:?}; stderr: {stderr}",
+            preview(stdout)
+        )
+    } else if stderr.is_empty() {
+        "the plugin failed without printing an error".to_string()
+    } else {
+        stderr
+    };
+    Err(CniError::new(
+        code::INTERNAL,
+        format!("{ctx}: plugin failed"),
+        details,
+    ))
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &b[start..end]
+}
+
+fn preview(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    s.chars().take(200).collect()
+}
+
+fn spawn(binary: &Path, verb: Verb, env: &CniEnv) -> std::io::Result<std::process::Child> {
+    let mut cmd = Command::new(binary);
+    cmd.env("CNI_COMMAND", verb.as_str())
+        .env("CNI_CONTAINERID", &env.container_id)
+        .env("CNI_NETNS", &env.netns)
+        .env("CNI_IFNAME", &env.ifname)
+        .env("CNI_ARGS", &env.args)
+        .env(
+            "CNI_PATH",
+            std::env::join_paths(&env.path).unwrap_or_default(),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // A freshly installed binary can briefly be "text file busy" (libcni retries too).
+    let mut attempt = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < 5 => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(100 * attempt));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn run(
+    binary: &Path,
+    verb: Verb,
+    env: &CniEnv,
+    stdin: &[u8],
+    timeout: Duration,
+) -> Result<Finished, CniError> {
+    let mut child = spawn(binary, verb, env).map_err(|e| {
+        CniError::new(
+            code::INTERNAL,
+            "failed to start plugin",
+            format!("{}: {e}", binary.display()),
+        )
+    })?;
+    let pid = child.id();
+    let mut child_stdin = child.stdin.take();
+    let input = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        if let Some(mut s) = child_stdin.take() {
+            // A plugin may exit without reading stdin; a broken pipe is not our error.
+            let _ = s.write_all(&input);
+        }
+    });
+    let mut err_pipe = child.stderr.take();
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(p) = err_pipe.as_mut() {
+            let _ = p.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let (tx, rx) = mpsc::channel();
+    let mut out_pipe = child.stdout.take();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(p) = out_pipe.as_mut() {
+            let _ = p.read_to_end(&mut buf);
+        }
+        let status = child.wait();
+        let _ = tx.send((status, buf));
+    });
+    let (status, stdout) = match rx.recv_timeout(timeout) {
+        Ok(v) => v,
+        Err(_) => {
+            kill_group(pid);
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+            return Err(CniError::new(
+                code::DELEGATE_TIMEOUT,
+                "plugin timed out",
+                format!(
+                    "{} did not finish within {:?} and was killed",
+                    binary.display(),
+                    timeout
+                ),
+            ));
+        }
+    };
+    let _ = writer.join();
+    let stderr = err_reader.join().unwrap_or_default();
+    let status = status
+        .map_err(|e| CniError::new(code::INTERNAL, "failed to wait for plugin", e.to_string()))?;
+    Ok(Finished {
+        success: status.success(),
+        stdout,
+        stderr,
+    })
+}
+
+fn kill_group(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let p = dir.join(name);
+        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    fn env() -> CniEnv {
+        CniEnv {
+            container_id: "c1".into(),
+            netns: "/run/netns/x".into(),
+            ifname: "eth0".into(),
+            args: "A=1".into(),
+            path: vec!["/nonexistent".into()],
+        }
+    }
+
+    #[test]
+    fn finds_plugins_and_refuses_escapes() {
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        let b = t.path().join("b");
+        fs::create_dir_all(&a).unwrap();
+        fs::create_dir_all(&b).unwrap();
+        fs::write(a.join("noexec"), "x").unwrap();
+        script(&b, "noexec", "exit 0");
+        let dirs = vec![a.clone(), b.clone()];
+        assert_eq!(find_plugin("noexec", &dirs).unwrap(), b.join("noexec"));
+        let e = find_plugin("missing", &dirs).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("missing") && e.details.contains(&a.display().to_string()));
+        assert!(find_plugin("../b/noexec", &dirs).is_err());
+        assert!(find_plugin("/bin/sh", &dirs).is_err());
+    }
+
+    #[test]
+    fn passes_env_and_stdin_and_parses_result() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(
+            t.path(),
+            "echoer",
+            r#"in=$(cat); printf '{"cniVersion":"1.0.0","dns":{"domain":"%s|%s|%s|%s|%s|%s"}}' "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_NETNS" "$CNI_IFNAME" "$CNI_ARGS" "$in""#,
+        );
+        let out = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(out["dns"]["domain"], "ADD|c1|/run/netns/x|eth0|A=1|{}");
+    }
+
+    #[test]
+    fn plugin_error_keeps_code_and_names_plugin() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(
+            t.path(),
+            "failer",
+            r#"echo '{"code":11,"msg":"busy","details":"later"}'; exit 1"#,
+        );
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, 11);
+        assert_eq!(e.msg, "plugin failer ADD: busy");
+        assert_eq!(e.details, "later");
+    }
+
+    #[test]
+    fn garbage_output_is_a_decode_error() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(t.path(), "garbage", "echo 'hello world'");
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, code::DECODE_FAILURE);
+        assert!(e.msg.contains("garbage") && e.details.contains("hello world"));
+        let p = script(
+            t.path(),
+            "garbage2",
+            "echo 'oops' >&2; echo 'not json'; exit 3",
+        );
+        let e = exec_plugin(&p, Verb::Del, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, code::INTERNAL);
+        assert!(e.details.contains("not json") && e.details.contains("oops"));
+    }
+
+    #[test]
+    fn failure_with_only_stderr() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(
+            t.path(),
+            "stderronly",
+            "echo 'netplugin exploded' >&2; exit 1",
+        );
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, code::INTERNAL);
+        assert_eq!(e.details, "netplugin exploded");
+    }
+
+    #[test]
+    fn hanging_plugin_and_its_children_are_killed() {
+        let t = tempfile::tempdir().unwrap();
+        let marker = t.path().join("child.pid");
+        let p = script(
+            t.path(),
+            "hang",
+            &format!("sleep 30 & echo $! > {}; wait", marker.display()),
+        );
+        let start = Instant::now();
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_millis(300)).unwrap_err();
+        assert_eq!(e.code, code::DELEGATE_TIMEOUT);
+        assert!(e.msg.contains("hang"));
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let child: i32 = fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), None).is_ok()
+            && !fs::read_to_string(format!("/proc/{child}/stat"))
+                .unwrap_or_default()
+                .contains(") Z");
+        assert!(!alive, "grandchild {child} survived the timeout");
+    }
+
+    #[test]
+    fn empty_success_output_is_none() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(t.path(), "quiet", "cat >/dev/null");
+        assert!(
+            exec_plugin(&p, Verb::Del, &env(), b"{}", Duration::from_secs(5))
+                .unwrap()
+                .is_none()
+        );
+    }
+}
