@@ -1,0 +1,326 @@
+//! `K8sError`: what went wrong talking to the API server, with the object it was about.
+//!
+//! Display strings never contain credentials: kubeconfig parse errors are reported without
+//! the parser's excerpt (the file may hold a bearer token), and request errors only carry the
+//! HTTP status and the API server's `Status` message.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// CNI error code 7: invalid network configuration (used for kubeconfig / client problems).
+pub const CNI_INVALID_CONFIG: u32 = 7;
+/// CNI error code 11: try again later (API server unreachable or overloaded).
+pub const CNI_TRY_AGAIN_LATER: u32 = 11;
+/// Plugin-specific CNI error code for every other Kubernetes failure.
+pub const CNI_K8S_FAILURE: u32 = 999;
+
+/// An error from the Kubernetes API layer.
+///
+/// `what` names the operation (`"get pod"`, `"get network-attachment-definition"`,
+/// `"patch pod status"`, `"post event"`), `ns`/`name` the object.
+#[derive(Debug, Error)]
+pub enum K8sError {
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig {}: {reason}", path.display())]
+    Kubeconfig {
+        /// Path of the kubeconfig.
+        path: PathBuf,
+        /// Why (never contains file contents).
+        reason: String,
+    },
+    /// The in-cluster configuration (service host/port, token, CA) is unusable.
+    #[error("in-cluster Kubernetes config: {0}")]
+    InCluster(String),
+    /// The HTTP client could not be built (TLS setup, no tokio runtime...).
+    #[error("building the Kubernetes client: {0}")]
+    Client(String),
+    /// Transport failure: connection refused/reset, TLS failure, connection closed early.
+    #[error("{what} {ns}/{name}: API server unreachable: {reason}")]
+    Unreachable {
+        /// Operation.
+        what: &'static str,
+        /// Namespace.
+        ns: String,
+        /// Object name.
+        name: String,
+        /// Transport error text.
+        reason: String,
+    },
+    /// No complete answer within the per-request timeout.
+    #[error("{what} {ns}/{name}: no answer within {timeout:?}")]
+    Timeout {
+        /// Operation.
+        what: &'static str,
+        /// Namespace.
+        ns: String,
+        /// Object name.
+        name: String,
+        /// The timeout that expired.
+        timeout: Duration,
+    },
+    /// The API server answered with a non-success status.
+    #[error("{what} {ns}/{name}: HTTP {code} {reason}: {message}")]
+    Api {
+        /// Operation.
+        what: &'static str,
+        /// Namespace.
+        ns: String,
+        /// Object name.
+        name: String,
+        /// HTTP status code.
+        code: u16,
+        /// `Status.reason` (e.g. `NotFound`, `Conflict`).
+        reason: String,
+        /// `Status.message`.
+        message: String,
+    },
+    /// The answer could not be decoded.
+    #[error("{what} {ns}/{name}: undecodable answer: {reason}")]
+    Decode {
+        /// Operation.
+        what: &'static str,
+        /// Namespace.
+        ns: String,
+        /// Object name.
+        name: String,
+        /// Decoder error.
+        reason: String,
+    },
+    /// The pod found under `ns/name` is not the sandbox's pod (`K8S_POD_UID` differs).
+    #[error("pod {ns}/{name}: expected pod UID {expected:?} but got {got:?} from the API")]
+    UidMismatch {
+        /// Namespace.
+        ns: String,
+        /// Pod name.
+        name: String,
+        /// UID from `CNI_ARGS` (`K8S_POD_UID`).
+        expected: String,
+        /// UID of the API object.
+        got: String,
+    },
+    /// The pod no longer exists (404 on write). Callers usually tolerate this.
+    #[error("pod {ns}/{name} no longer exists")]
+    PodGone {
+        /// Namespace.
+        ns: String,
+        /// Pod name.
+        name: String,
+    },
+    /// The UID precondition failed: a new pod with the same name replaced ours; nothing was written.
+    #[error("pod {ns}/{name} was replaced (UID {uid} no longer matches); not writing to it")]
+    PodReplaced {
+        /// Namespace.
+        ns: String,
+        /// Pod name.
+        name: String,
+        /// The UID we expected.
+        uid: String,
+    },
+    /// Any other failure (request building, auth plugin...).
+    #[error("{what} {ns}/{name}: {reason}")]
+    Other {
+        /// Operation.
+        what: &'static str,
+        /// Namespace.
+        ns: String,
+        /// Object name.
+        name: String,
+        /// Error text.
+        reason: String,
+    },
+}
+
+/// The object a request is about; used to label errors.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ctx<'a> {
+    pub what: &'static str,
+    pub ns: &'a str,
+    pub name: &'a str,
+}
+
+impl K8sError {
+    /// True for failures worth retrying: transport errors, timeouts, HTTP 5xx and 429.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            K8sError::Unreachable { .. } | K8sError::Timeout { .. } => true,
+            K8sError::Api { code, .. } => *code >= 500 || *code == 429,
+            _ => false,
+        }
+    }
+
+    /// True when the object does not exist (HTTP 404 or [`K8sError::PodGone`]).
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            K8sError::Api { code: 404, .. } | K8sError::PodGone { .. }
+        )
+    }
+
+    /// The CNI error code to report for this error:
+    /// [`CNI_TRY_AGAIN_LATER`] (11) for transient errors, [`CNI_INVALID_CONFIG`] (7) for
+    /// kubeconfig / in-cluster / client-construction problems and HTTP 401 (bad credentials),
+    /// [`CNI_K8S_FAILURE`] (999) for everything else (403, UID mismatch, decode errors...).
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            e if e.is_transient() => CNI_TRY_AGAIN_LATER,
+            K8sError::Kubeconfig { .. } | K8sError::InCluster(_) | K8sError::Client(_) => {
+                CNI_INVALID_CONFIG
+            }
+            K8sError::Api { code: 401, .. } => CNI_INVALID_CONFIG,
+            _ => CNI_K8S_FAILURE,
+        }
+    }
+
+    pub(crate) fn timeout(ctx: Ctx<'_>, timeout: Duration) -> Self {
+        K8sError::Timeout {
+            what: ctx.what,
+            ns: ctx.ns.to_owned(),
+            name: ctx.name.to_owned(),
+            timeout,
+        }
+    }
+
+    /// Classify a `kube::Error` for `ctx`.
+    pub(crate) fn from_kube(ctx: Ctx<'_>, err: kube::Error) -> Self {
+        let (what, ns, name) = (ctx.what, ctx.ns.to_owned(), ctx.name.to_owned());
+        match err {
+            kube::Error::Api(status) => K8sError::Api {
+                what,
+                ns,
+                name,
+                code: status.code,
+                reason: status.reason,
+                message: status.message,
+            },
+            kube::Error::HyperError(e) => K8sError::Unreachable {
+                what,
+                ns,
+                name,
+                reason: error_chain(&e),
+            },
+            kube::Error::Service(e) if is_transport_error(e.as_ref()) => K8sError::Unreachable {
+                what,
+                ns,
+                name,
+                reason: error_chain(e.as_ref()),
+            },
+            kube::Error::SerdeError(e) => K8sError::Decode {
+                what,
+                ns,
+                name,
+                reason: e.to_string(),
+            },
+            kube::Error::FromUtf8(e) => K8sError::Decode {
+                what,
+                ns,
+                name,
+                reason: e.to_string(),
+            },
+            other => K8sError::Other {
+                what,
+                ns,
+                name,
+                reason: error_chain(&other),
+            },
+        }
+    }
+}
+
+/// True if `err` (or anything in its source chain) is a hyper-util client error or an I/O error:
+/// both mean the request did not get a complete HTTP answer.
+fn is_transport_error(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<hyper_util::client::legacy::Error>() || e.is::<std::io::Error>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// `err: source: source...` on one line.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> Ctx<'static> {
+        Ctx {
+            what: "get pod",
+            ns: "ns1",
+            name: "p1",
+        }
+    }
+
+    fn api(code: u16) -> K8sError {
+        K8sError::from_kube(
+            ctx(),
+            kube::Error::Api(
+                kube::core::Status::failure("m", "R")
+                    .with_code(code)
+                    .boxed(),
+            ),
+        )
+    }
+
+    #[test]
+    fn classifies_status_codes() {
+        for code in [500, 502, 503, 504, 429] {
+            assert!(api(code).is_transient(), "{code}");
+            assert_eq!(api(code).cni_code(), CNI_TRY_AGAIN_LATER);
+        }
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!api(code).is_transient(), "{code}");
+            assert_eq!(api(code).cni_code(), CNI_K8S_FAILURE);
+        }
+        assert_eq!(api(401).cni_code(), CNI_INVALID_CONFIG);
+        assert!(api(404).is_not_found());
+        assert!(!api(500).is_not_found());
+        assert_eq!(
+            api(503).to_string(),
+            "get pod ns1/p1: HTTP 503 R: m".to_string()
+        );
+    }
+
+    #[test]
+    fn io_errors_in_service_chain_are_transient() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = K8sError::from_kube(ctx(), kube::Error::Service(Box::new(io)));
+        assert!(e.is_transient(), "{e:?}");
+        assert!(e.to_string().contains("refused"));
+
+        let plain: tower::BoxError = "auth plugin failed".into();
+        let e = K8sError::from_kube(ctx(), kube::Error::Service(plain));
+        assert!(!e.is_transient(), "{e:?}");
+        assert_eq!(e.cni_code(), CNI_K8S_FAILURE);
+    }
+
+    #[test]
+    fn config_errors_map_to_code_7() {
+        let e = K8sError::Kubeconfig {
+            path: "/x".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(e.cni_code(), CNI_INVALID_CONFIG);
+        assert_eq!(
+            K8sError::timeout(ctx(), Duration::from_secs(1)).cni_code(),
+            CNI_TRY_AGAIN_LATER
+        );
+    }
+}

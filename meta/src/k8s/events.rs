@@ -1,0 +1,238 @@
+//! POST one core/v1 Event about the pod (e.g. `AddedInterface`). Callers treat failures as
+//! non-fatal.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::Api;
+
+use super::client::KubeClient;
+use super::error::{Ctx, K8sError};
+use super::retry::{self, RetryPolicy};
+
+/// `source.component` and `reportingComponent` of our events.
+pub const EVENT_COMPONENT: &str = "plexus";
+
+/// API limits for core/v1 events that carry `eventTime`.
+const MAX_REASON: usize = 128;
+const MAX_MESSAGE: usize = 1024;
+const MAX_NAME: usize = 253;
+
+/// The pod an event is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    /// Namespace.
+    pub ns: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod UID.
+    pub uid: String,
+}
+
+/// Event type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    /// Normal.
+    Normal,
+    /// Warning.
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// Cut `s` to at most `max` bytes on a char boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `<pod>.<hex>`, unique per process (nanoseconds, pid, counter), at most 253 bytes.
+fn event_name(pod: &str, now: Timestamp) -> String {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let suffix = format!(
+        "{:x}{:04x}{:02x}",
+        now.as_nanosecond(),
+        std::process::id() & 0xffff,
+        seq & 0xff
+    );
+    let pod = truncate(pod, MAX_NAME - 1 - suffix.len());
+    format!("{pod}.{suffix}")
+}
+
+/// Build the Event object (pure; `now` and `instance` are inputs).
+pub fn build_event(
+    pod: &PodRef,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+    instance: &str,
+    now: Timestamp,
+) -> Event {
+    Event {
+        metadata: ObjectMeta {
+            name: Some(event_name(&pod.name, now)),
+            namespace: Some(pod.ns.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.ns.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+            ..Default::default()
+        },
+        type_: Some(type_.as_str().into()),
+        reason: Some(truncate(reason, MAX_REASON).into()),
+        message: Some(truncate(message, MAX_MESSAGE).into()),
+        source: Some(EventSource {
+            component: Some(EVENT_COMPONENT.into()),
+            host: Some(instance.into()),
+        }),
+        reporting_component: Some(EVENT_COMPONENT.into()),
+        reporting_instance: Some(truncate(instance, 128).into()),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        count: Some(1),
+        ..Default::default()
+    }
+}
+
+impl KubeClient {
+    /// POST one Event about `pod` (a single attempt, no retry).
+    pub async fn post_event(
+        &self,
+        pod: &PodRef,
+        type_: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), K8sError> {
+        let event = build_event(
+            pod,
+            type_,
+            reason,
+            message,
+            &self.opts.reporting_instance,
+            Timestamp::now(),
+        );
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.ns);
+        let ctx = Ctx {
+            what: "post event",
+            ns: &pod.ns,
+            name: &pod.name,
+        };
+        let pp = PostParams::default();
+        retry::run(RetryPolicy::none(), self.opts.request_timeout, ctx, || {
+            api.create(&pp, &event)
+        })
+        .await
+        .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{json_response, MockApi};
+    use super::*;
+
+    fn pod() -> PodRef {
+        PodRef {
+            ns: "ns1".into(),
+            name: "p1".into(),
+            uid: "u1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn posts_one_event_with_expected_shape() {
+        let mock = MockApi::new(vec![json_response(
+            201,
+            r#"{"apiVersion":"v1","kind":"Event","metadata":{"name":"p1.x"},"involvedObject":{}}"#,
+        )]);
+        mock.client()
+            .post_event(
+                &pod(),
+                EventType::Normal,
+                "AddedInterface",
+                "Add net1 [10.1.1.2/24] from ns1/macvlan",
+            )
+            .await
+            .unwrap();
+        let reqs = mock.requests();
+        assert_eq!(reqs.len(), 1);
+        let r = &reqs[0];
+        assert_eq!(r.method, "POST");
+        assert_eq!(r.path_and_query, "/api/v1/namespaces/ns1/events?");
+        assert_eq!(r.content_type.as_deref(), Some("application/json"));
+        let v = r.json();
+        assert_eq!(v["kind"], "Event");
+        assert_eq!(v["type"], "Normal");
+        assert_eq!(v["reason"], "AddedInterface");
+        assert_eq!(v["count"], 1);
+        assert_eq!(v["source"]["component"], "plexus");
+        assert_eq!(v["reportingComponent"], "plexus");
+        assert!(v["reportingInstance"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()));
+        assert_eq!(
+            v["involvedObject"],
+            serde_json::json!({"apiVersion":"v1","kind":"Pod","namespace":"ns1","name":"p1","uid":"u1"})
+        );
+        assert!(v["metadata"]["name"].as_str().unwrap().starts_with("p1."));
+        assert_eq!(v["firstTimestamp"], v["lastTimestamp"]);
+        assert!(v["eventTime"].as_str().is_some());
+    }
+
+    #[tokio::test]
+    async fn event_errors_are_returned_once() {
+        let mock = MockApi::repeating(json_response(
+            503,
+            r#"{"kind":"Status","code":503,"message":"x"}"#,
+        ));
+        let err = mock
+            .client()
+            .post_event(&pod(), EventType::Warning, "Failed", "boom")
+            .await
+            .unwrap_err();
+        assert!(err.is_transient());
+        assert_eq!(mock.requests().len(), 1);
+    }
+
+    #[test]
+    fn names_are_unique_and_bounded_and_text_truncated() {
+        let now = Timestamp::now();
+        assert_ne!(event_name("p", now), event_name("p", now));
+        let long = "a".repeat(300);
+        assert!(event_name(&long, now).len() <= MAX_NAME);
+        let e = build_event(
+            &pod(),
+            EventType::Warning,
+            &"r".repeat(200),
+            &"é".repeat(1000),
+            "n1",
+            now,
+        );
+        assert_eq!(e.reason.unwrap().len(), MAX_REASON);
+        let m = e.message.unwrap();
+        assert!(m.len() <= MAX_MESSAGE && m.len() >= MAX_MESSAGE - 1);
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+    }
+}

@@ -1,0 +1,234 @@
+//! GET the sandbox's pod, with bounded transient retry and the `K8S_POD_UID` check.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+
+use super::client::KubeClient;
+use super::error::{Ctx, K8sError};
+use super::retry::{self, RetryPolicy};
+
+/// Pod annotation set by the kubelet on static (file/http-sourced) pods.
+pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+
+/// True for static pods: `kubernetes.io/config.source` is present and is not `"api"`.
+/// Their API object is a mirror pod whose UID differs from the kubelet's.
+pub fn is_static_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION))
+        .is_some_and(|src| src != "api")
+}
+
+impl KubeClient {
+    /// GET `ns/name`. Transient errors are retried within `policy`; 404 gives `Ok(None)`
+    /// at once. With `expected_uid` (non-empty), a different UID gives
+    /// [`K8sError::UidMismatch`] unless the pod is static.
+    pub async fn get_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        expected_uid: Option<&str>,
+        policy: RetryPolicy,
+    ) -> Result<Option<Pod>, K8sError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let ctx = Ctx {
+            what: "get pod",
+            ns,
+            name,
+        };
+        let pod = retry::run(policy, self.opts.request_timeout, ctx, || api.get_opt(name)).await?;
+        let Some(pod) = pod else {
+            return Ok(None);
+        };
+        if let Some(expected) = expected_uid.filter(|u| !u.is_empty()) {
+            let got = pod.metadata.uid.as_deref().unwrap_or_default();
+            if got != expected && !is_static_pod(&pod) {
+                return Err(K8sError::UidMismatch {
+                    ns: ns.to_owned(),
+                    name: name.to_owned(),
+                    expected: expected.to_owned(),
+                    got: got.to_owned(),
+                });
+            }
+        }
+        Ok(Some(pod))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::super::testutil::{json_response, MockApi};
+    use super::*;
+
+    fn pod_json(uid: &str, source: Option<&str>) -> String {
+        let ann = source
+            .map(|s| format!(r#","annotations":{{"{CONFIG_SOURCE_ANNOTATION}":"{s}"}}"#))
+            .unwrap_or_default();
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p1","namespace":"ns1","uid":"{uid}"{ann}}}}}"#
+        )
+    }
+
+    fn fast() -> RetryPolicy {
+        RetryPolicy {
+            total: Duration::from_millis(400),
+            interval: Duration::from_millis(20),
+        }
+    }
+
+    #[tokio::test]
+    async fn get_pod_request_shape_and_uid_ok() {
+        let mock = MockApi::new(vec![json_response(200, &pod_json("u1", None))]);
+        let pod = mock
+            .client()
+            .get_pod("ns1", "p1", Some("u1"), fast())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("p1"));
+        let reqs = mock.requests();
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(reqs[0].method, "GET");
+        assert_eq!(reqs[0].path_and_query, "/api/v1/namespaces/ns1/pods/p1");
+    }
+
+    #[tokio::test]
+    async fn not_found_is_none_without_retry() {
+        let mock = MockApi::new(vec![json_response(
+            404,
+            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"pods \"p1\" not found"}"#,
+        )]);
+        let got = mock
+            .client()
+            .get_pod("ns1", "p1", Some("u1"), fast())
+            .await
+            .unwrap();
+        assert!(got.is_none());
+        assert_eq!(mock.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn uid_mismatch_and_static_exemption() {
+        let mock = MockApi::new(vec![json_response(200, &pod_json("other", None))]);
+        let err = mock
+            .client()
+            .get_pod("ns1", "p1", Some("u1"), fast())
+            .await
+            .unwrap_err();
+        match err {
+            K8sError::UidMismatch { expected, got, .. } => {
+                assert_eq!((expected.as_str(), got.as_str()), ("u1", "other"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+
+        // config.source=api is a normal pod: still a mismatch.
+        let mock = MockApi::new(vec![json_response(200, &pod_json("other", Some("api")))]);
+        assert!(mock
+            .client()
+            .get_pod("ns1", "p1", Some("u1"), fast())
+            .await
+            .is_err());
+
+        // Static (file-sourced) pod: mirror UID differs, accepted.
+        let mock = MockApi::new(vec![json_response(200, &pod_json("mirror", Some("file")))]);
+        let pod = mock
+            .client()
+            .get_pod("ns1", "p1", Some("u1"), fast())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pod.metadata.uid.as_deref(), Some("mirror"));
+
+        // No expected UID: no check.
+        let mock = MockApi::new(vec![json_response(200, &pod_json("other", None))]);
+        assert!(mock
+            .client()
+            .get_pod("ns1", "p1", None, fast())
+            .await
+            .unwrap()
+            .is_some());
+    }
+
+    #[tokio::test]
+    async fn transient_errors_are_retried_then_succeed() {
+        let mock = MockApi::new(vec![
+            json_response(
+                503,
+                r#"{"kind":"Status","code":503,"reason":"ServiceUnavailable","message":"x"}"#,
+            ),
+            json_response(
+                429,
+                r#"{"kind":"Status","code":429,"reason":"TooManyRequests","message":"x"}"#,
+            ),
+            json_response(200, &pod_json("u1", None)),
+        ]);
+        let pod = mock
+            .client()
+            .get_pod("ns1", "p1", Some("u1"), fast())
+            .await
+            .unwrap();
+        assert!(pod.is_some());
+        assert_eq!(mock.requests().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn non_transient_error_is_not_retried() {
+        let mock = MockApi::new(vec![json_response(
+            403,
+            r#"{"kind":"Status","code":403,"reason":"Forbidden","message":"no"}"#,
+        )]);
+        let err = mock
+            .client()
+            .get_pod("ns1", "p1", None, fast())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, K8sError::Api { code: 403, .. }), "{err:?}");
+        assert_eq!(mock.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn transient_retry_is_bounded_by_time() {
+        // Always 500: gives up after ~total, having retried every ~interval.
+        let mock = MockApi::repeating(json_response(
+            500,
+            r#"{"kind":"Status","code":500,"reason":"InternalError","message":"x"}"#,
+        ));
+        let policy = RetryPolicy {
+            total: Duration::from_millis(300),
+            interval: Duration::from_millis(50),
+        };
+        let start = Instant::now();
+        let err = mock
+            .client()
+            .get_pod("ns1", "p1", None, policy)
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(err.is_transient(), "{err:?}");
+        let n = mock.requests().len();
+        assert!((4..=7).contains(&n), "attempts {n}");
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+        assert!(took < Duration::from_millis(1000), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn hung_request_times_out() {
+        let mock = MockApi::hanging();
+        let opts = super::super::client::ClientOptions {
+            request_timeout: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let client = mock.client_with(opts);
+        let start = Instant::now();
+        let err = client
+            .get_pod("ns1", "p1", None, RetryPolicy::none())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, K8sError::Timeout { .. }), "{err:?}");
+        assert!(start.elapsed() < Duration::from_millis(600));
+    }
+}
