@@ -252,7 +252,13 @@ impl Runtime {
                 }
                 let att = Attachment {
                     container_id: stale.container_id.clone(),
-                    netns: String::new(),
+                    // Use the ADD-time netns while it still exists, so links go too.
+                    netns: if !stale.netns.is_empty() && std::path::Path::new(&stale.netns).exists()
+                    {
+                        stale.netns.clone()
+                    } else {
+                        String::new()
+                    },
                     ifname: stale.if_name.clone(),
                     args: CniArgs::parse(
                         &stale
