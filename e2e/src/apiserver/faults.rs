@@ -1,0 +1,164 @@
+//! Fault injection: added latency and failing the next N matching requests.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Which requests a fault applies to. Empty fields match everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMatcher {
+    /// HTTP method (case-insensitive), e.g. `PATCH`.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Substring the request path must contain, e.g. `/status`.
+    #[serde(default)]
+    pub path_contains: Option<String>,
+}
+
+impl RequestMatcher {
+    /// Matches every request.
+    pub fn any() -> RequestMatcher {
+        RequestMatcher::default()
+    }
+
+    /// Matches requests with this method.
+    pub fn method(method: &str) -> RequestMatcher {
+        RequestMatcher {
+            method: Some(method.to_string()),
+            path_contains: None,
+        }
+    }
+
+    /// Matches requests whose path contains `s`.
+    pub fn path(s: &str) -> RequestMatcher {
+        RequestMatcher {
+            method: None,
+            path_contains: Some(s.to_string()),
+        }
+    }
+
+    /// Also requires the path to contain `s`.
+    pub fn and_path(mut self, s: &str) -> RequestMatcher {
+        self.path_contains = Some(s.to_string());
+        self
+    }
+
+    /// Whether a request matches.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        self.method
+            .as_deref()
+            .is_none_or(|m| m.eq_ignore_ascii_case(method))
+            && self
+                .path_contains
+                .as_deref()
+                .is_none_or(|p| path.contains(p))
+    }
+}
+
+#[derive(Clone, Debug)]
+struct FailRule {
+    remaining: u32,
+    code: u16,
+    matcher: RequestMatcher,
+}
+
+/// The active faults.
+#[derive(Debug, Default)]
+pub struct Faults {
+    latency: Option<(Duration, RequestMatcher)>,
+    failures: Vec<FailRule>,
+}
+
+impl Faults {
+    /// Delays every matching request by `delay` (replaces any previous latency rule).
+    pub fn set_latency(&mut self, delay: Duration, matcher: RequestMatcher) {
+        self.latency = Some((delay, matcher));
+    }
+
+    /// Removes the latency rule.
+    pub fn clear_latency(&mut self) {
+        self.latency = None;
+    }
+
+    /// Fails the next `count` matching requests with `code`. Rules queue up in order.
+    pub fn fail_next(&mut self, count: u32, code: u16, matcher: RequestMatcher) {
+        if count > 0 {
+            self.failures.push(FailRule {
+                remaining: count,
+                code,
+                matcher,
+            });
+        }
+    }
+
+    /// Removes all failure rules.
+    pub fn clear_failures(&mut self) {
+        self.failures.clear();
+    }
+
+    /// Failures still pending across all rules.
+    pub fn pending_failures(&self) -> u32 {
+        self.failures.iter().map(|r| r.remaining).sum()
+    }
+
+    /// The latency for a request, if any.
+    pub fn latency_for(&self, method: &str, path: &str) -> Option<Duration> {
+        self.latency
+            .as_ref()
+            .filter(|(_, m)| m.matches(method, path))
+            .map(|(d, _)| *d)
+    }
+
+    /// Consumes one failure for a request, returning its status code.
+    pub fn take_failure(&mut self, method: &str, path: &str) -> Option<u16> {
+        let i = self
+            .failures
+            .iter()
+            .position(|r| r.matcher.matches(method, path))?;
+        let rule = &mut self.failures[i];
+        rule.remaining -= 1;
+        let code = rule.code;
+        if rule.remaining == 0 {
+            self.failures.remove(i);
+        }
+        Some(code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_consumed_in_order_and_only_when_matching() {
+        let mut f = Faults::default();
+        f.fail_next(2, 503, RequestMatcher::method("patch").and_path("/status"));
+        f.fail_next(1, 500, RequestMatcher::any());
+        assert_eq!(
+            f.take_failure("PATCH", "/api/v1/namespaces/a/pods/p/status"),
+            Some(503)
+        );
+        assert_eq!(
+            f.take_failure("GET", "/api/v1/namespaces/a/pods/p"),
+            Some(500)
+        );
+        assert_eq!(f.take_failure("GET", "/api/v1/namespaces/a/pods/p"), None);
+        assert_eq!(f.pending_failures(), 1);
+        assert_eq!(f.take_failure("PATCH", "/x/status"), Some(503));
+        assert_eq!(f.take_failure("PATCH", "/x/status"), None);
+    }
+
+    #[test]
+    fn latency_only_for_matching_requests() {
+        let mut f = Faults::default();
+        f.set_latency(Duration::from_millis(5), RequestMatcher::path("/pods"));
+        assert_eq!(
+            f.latency_for("GET", "/api/v1/namespaces/a/pods"),
+            Some(Duration::from_millis(5))
+        );
+        assert_eq!(f.latency_for("GET", "/api/v1/namespaces"), None);
+        f.clear_latency();
+        assert_eq!(f.latency_for("GET", "/api/v1/namespaces/a/pods"), None);
+    }
+}

@@ -1,0 +1,8 @@
+//! plexus end-to-end test support: an in-memory Kubernetes API server that the real `kube`
+//! client (and the `plexus` binary) talk to over HTTP, with fault injection and a request log.
+
+pub mod apiserver;
+
+pub use apiserver::{
+    Access, ApiServerError, RequestMatcher, RequestRecord, TestApiServer, TestApiServerOptions,
+};
