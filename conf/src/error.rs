@@ -41,7 +41,11 @@ pub mod code {
 #[error("{msg}{}", if details.is_empty() { String::new() } else { format!(": {details}") })]
 pub struct CniError {
     /// Version of the error format; set when printed.
-    #[serde(rename = "cniVersion", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "cniVersion",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub cni_version: String,
     /// Error code (see [`code`]).
     pub code: u32,
@@ -116,9 +120,8 @@ impl CniError {
 
     /// The JSON bytes printed on stdout.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| {
-            format!(r#"{{"code":{},"msg":"unprintable error"}}"#, self.code)
-        })
+        serde_json::to_string(self)
+            .unwrap_or_else(|_| format!(r#"{{"code":{},"msg":"unprintable error"}}"#, self.code))
     }
 }
 
@@ -137,7 +140,10 @@ mod tests {
 
     #[test]
     fn omits_empty_version_and_details() {
-        assert_eq!(CniError::new(11, "later", "").to_json(), r#"{"code":11,"msg":"later"}"#);
+        assert_eq!(
+            CniError::new(11, "later", "").to_json(),
+            r#"{"code":11,"msg":"later"}"#
+        );
     }
 
     #[test]

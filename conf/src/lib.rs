@@ -11,3 +11,5 @@ pub mod version;
 
 pub use error::CniError;
 pub use result::CniResult;
+pub mod k8s;
+pub mod plexus_config;

@@ -99,8 +99,9 @@ fn string(obj: &Map<String, Value>, key: &str) -> Result<String, CniError> {
 impl NetConfList {
     /// Parse a conflist or single-plugin config from JSON bytes and validate it.
     pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
-        let value: Value = serde_json::from_slice(bytes)
-            .map_err(|e| CniError::decode("failed to parse network configuration", e.to_string()))?;
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            CniError::decode("failed to parse network configuration", e.to_string())
+        })?;
         Self::from_value(value)
     }
 
@@ -185,13 +186,11 @@ impl NetConfList {
             ));
         }
         for (i, p) in self.plugins.iter().enumerate() {
-            validate::plugin_type(p.plugin_type()).map_err(|e| {
-                e.context(format!("network {:?} plugin {i}", self.name))
-            })?;
+            validate::plugin_type(p.plugin_type())
+                .map_err(|e| e.context(format!("network {:?} plugin {i}", self.name)))?;
             if let Some(ipam) = p.ipam_type() {
-                validate::plugin_type(ipam).map_err(|e| {
-                    e.context(format!("network {:?} plugin {i} ipam", self.name))
-                })?;
+                validate::plugin_type(ipam)
+                    .map_err(|e| e.context(format!("network {:?} plugin {i} ipam", self.name)))?;
             }
         }
         Ok(())
@@ -213,7 +212,12 @@ impl NetConfList {
         let mut top = self.raw.clone();
         top.insert(
             "plugins".into(),
-            Value::Array(self.plugins.iter().map(|p| Value::Object(p.raw.clone())).collect()),
+            Value::Array(
+                self.plugins
+                    .iter()
+                    .map(|p| Value::Object(p.raw.clone()))
+                    .collect(),
+            ),
         );
         Value::Object(top)
     }
@@ -295,7 +299,10 @@ mod tests {
         assert_eq!(r0["name"], "brchain");
         assert_eq!(r0["bridge"], "cnitestbr1");
         let r3 = l.plugin_request(3, "1.0.0", caps, Some(&prev));
-        assert_eq!(r3["runtimeConfig"], json!({"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}));
+        assert_eq!(
+            r3["runtimeConfig"],
+            json!({"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]})
+        );
         assert_eq!(r3["prevResult"], prev);
         assert_eq!(r3["cniVersion"], "1.0.0");
     }
@@ -318,9 +325,21 @@ mod tests {
             (r#"{"name":"x","plugins":{}}"#, 7, "list"),
             (r#"{"name":"x","plugins":[{"bridge":"b"}]}"#, 7, "type"),
             (r#"{"name":"x","type":"../../bin/sh"}"#, 7, "type"),
-            (r#"{"name":"x","type":"bridge","ipam":{"type":"/tmp/evil"}}"#, 7, "ipam"),
-            (r#"{"name":"x","type":"bridge","disableCheck":3}"#, 7, "disableCheck"),
-            (r#"{"name":"x","type":"bridge","cniVersions":"1.0.0"}"#, 7, "cniVersions"),
+            (
+                r#"{"name":"x","type":"bridge","ipam":{"type":"/tmp/evil"}}"#,
+                7,
+                "ipam",
+            ),
+            (
+                r#"{"name":"x","type":"bridge","disableCheck":3}"#,
+                7,
+                "disableCheck",
+            ),
+            (
+                r#"{"name":"x","type":"bridge","cniVersions":"1.0.0"}"#,
+                7,
+                "cniVersions",
+            ),
         ];
         for (src, code, needle) in cases {
             let e = NetConfList::parse(src.as_bytes()).unwrap_err();

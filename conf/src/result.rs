@@ -41,7 +41,11 @@ pub struct Interface {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sandbox: String,
     /// Socket path for userspace interfaces (1.1.0).
-    #[serde(rename = "socketPath", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "socketPath",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub socket_path: String,
     /// PCI address of the device (1.1.0).
     #[serde(rename = "pciID", default, skip_serializing_if = "String::is_empty")]
@@ -378,7 +382,9 @@ mod tests {
         let out = r.to_value("0.4.0").unwrap();
         assert_eq!(
             out,
-            v(r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.1.1.1/24","gateway":"10.1.1.254"},{"version":"6","address":"fd00::1/64"}],"routes":[{"dst":"0.0.0.0/0"}]}"#)
+            v(
+                r#"{"cniVersion":"0.4.0","ips":[{"version":"4","address":"10.1.1.1/24","gateway":"10.1.1.254"},{"version":"6","address":"fd00::1/64"}],"routes":[{"dst":"0.0.0.0/0"}]}"#
+            )
         );
         let v1 = r.to_value("1.1.0").unwrap();
         assert!(v1["ips"][0].get("version").is_none());
@@ -389,18 +395,25 @@ mod tests {
     fn down_to_020_keeps_first_of_each_family() {
         let src = r#"{"cniVersion":"1.0.0","ips":[{"address":"10.1.1.1/24","gateway":"10.1.1.254"},{"address":"10.1.1.2/24"},{"address":"fd00::1/64"}],
             "routes":[{"dst":"0.0.0.0/0","gw":"10.1.1.254"},{"dst":"fd00:1::/64","gw":"fd00::9"}],"dns":{"nameservers":["1.1.1.1"]}}"#;
-        let out = CniResult::parse(&v(src)).unwrap().to_value("0.2.0").unwrap();
+        let out = CniResult::parse(&v(src))
+            .unwrap()
+            .to_value("0.2.0")
+            .unwrap();
         assert_eq!(
             out,
-            v(r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.1.1.1/24","gateway":"10.1.1.254","routes":[{"dst":"0.0.0.0/0","gw":"10.1.1.254"}]},
-                  "ip6":{"ip":"fd00::1/64","routes":[{"dst":"fd00:1::/64","gw":"fd00::9"}]},"dns":{"nameservers":["1.1.1.1"]}}"#)
+            v(
+                r#"{"cniVersion":"0.2.0","ip4":{"ip":"10.1.1.1/24","gateway":"10.1.1.254","routes":[{"dst":"0.0.0.0/0","gw":"10.1.1.254"}]},
+                  "ip6":{"ip":"fd00::1/64","routes":[{"dst":"fd00:1::/64","gw":"fd00::9"}]},"dns":{"nameservers":["1.1.1.1"]}}"#
+            )
         );
     }
 
     #[test]
     fn down_to_010_without_ip_fails() {
-        let r = CniResult::parse(&v(r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}]}"#))
-            .unwrap();
+        let r = CniResult::parse(&v(
+            r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}]}"#,
+        ))
+        .unwrap();
         let e = r.to_value("0.1.0").unwrap_err();
         assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
         assert!(e.details.contains("no valid IP"));
@@ -414,7 +427,9 @@ mod tests {
         let out = r.to_value("1.0.0").unwrap();
         assert_eq!(
             out,
-            v(r#"{"cniVersion":"1.0.0","ips":[{"address":"10.1.1.1/24","gateway":"10.1.1.254"},{"address":"fd00::1/64"}],"routes":[{"dst":"0.0.0.0/0"}]}"#)
+            v(
+                r#"{"cniVersion":"1.0.0","ips":[{"address":"10.1.1.1/24","gateway":"10.1.1.254"},{"address":"fd00::1/64"}],"routes":[{"dst":"0.0.0.0/0"}]}"#
+            )
         );
         // Within the legacy band only the label changes.
         assert_eq!(r.to_value("0.1.0").unwrap()["ip4"]["ip"], "10.1.1.1/24");

@@ -65,7 +65,10 @@ pub fn interface_name(name: &str) -> Result<(), CniError> {
 /// Validate a plugin `type`: a bare file name that cannot escape the plugin directories.
 pub fn plugin_type(t: &str) -> Result<(), CniError> {
     if t.is_empty() {
-        return Err(CniError::invalid_config("missing plugin type", "'type' is empty"));
+        return Err(CniError::invalid_config(
+            "missing plugin type",
+            "'type' is empty",
+        ));
     }
     if t.contains('/') || t.contains('\\') || t == "." || t == ".." || t.contains('\0') {
         return Err(CniError::invalid_config(
@@ -93,7 +96,16 @@ mod tests {
         for ok in ["eth0", "net1", "a", "fifteen-chars15"] {
             assert!(interface_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".", "..", "sixteen-chars-16", "a/b", "a:b", "a b", "a\tb"] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "sixteen-chars-16",
+            "a/b",
+            "a:b",
+            "a b",
+            "a\tb",
+        ] {
             let e = interface_name(bad).unwrap_err();
             assert_eq!(e.code, 4, "{bad}");
             assert!(e.details.contains("interface name"));

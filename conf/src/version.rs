@@ -4,7 +4,9 @@ use crate::error::{code, CniError};
 use std::fmt;
 
 /// Every spec version Plexus speaks, oldest first.
-pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED: &[&str] = &[
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 
 /// The newest spec version Plexus implements.
 pub const CURRENT: &str = "1.1.0";
@@ -119,8 +121,13 @@ pub fn negotiate(
     }
     let mut best: Option<CniVersion> = None;
     for c in &candidates {
-        let Ok(v) = CniVersion::parse(c) else { continue };
-        if !plugin_supports.iter().all(|s| s.iter().any(|p| p == v.as_str())) {
+        let Ok(v) = CniVersion::parse(c) else {
+            continue;
+        };
+        if !plugin_supports
+            .iter()
+            .all(|s| s.iter().any(|p| p == v.as_str()))
+        {
             continue;
         }
         if best.is_none_or(|b| v > b) {
@@ -169,7 +176,12 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let v = negotiate("1.1.0", &["1.0.0".into(), "0.4.0".into()], &[debian.clone()]).unwrap();
+        let v = negotiate(
+            "1.1.0",
+            &["1.0.0".into(), "0.4.0".into()],
+            &[debian.clone()],
+        )
+        .unwrap();
         assert_eq!(v, CniVersion::V100);
         // Versions newer than we implement are ignored, not an error.
         let v = negotiate("0.4.0", &["9.9.9".into()], &[debian.clone()]).unwrap();

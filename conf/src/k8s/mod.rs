@@ -1,0 +1,5 @@
+//! Kubernetes-side data: network selection annotations, NAD configs, network-status.
+
+pub mod nad;
+pub mod network_status;
+pub mod selection;

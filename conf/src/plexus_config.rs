@@ -1,0 +1,241 @@
+//! The plexus config (the meta-plugin's own stdin): every Multus field with Multus' meaning and
+//! defaults, plus a few plexus settings. A Multus config with `"type"` changed to `"plexus"`
+//! parses unchanged.
+
+use crate::error::CniError;
+use crate::netconf::NetConfList;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Log rotation options (accepted for compatibility; plexus appends and leaves rotation to
+/// logrotate).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogOptions {
+    /// Days to keep.
+    pub max_age: Option<u32>,
+    /// MB per file.
+    pub max_size: Option<u32>,
+    /// Files to keep.
+    pub max_backups: Option<u32>,
+    /// Compress old files.
+    pub compress: Option<bool>,
+}
+
+/// The plexus / Multus configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlexusConfig {
+    /// Spec version the runtime speaks to plexus.
+    #[serde(default)]
+    pub cni_version: String,
+    /// Network name.
+    #[serde(default)]
+    pub name: String,
+    /// `plexus` (or `multus`).
+    #[serde(rename = "type", default)]
+    pub plugin_type: String,
+    /// Kubeconfig path; empty means in-cluster when available, else static mode.
+    #[serde(default)]
+    pub kubeconfig: String,
+    /// Default network: NAD name, config name, directory or file.
+    #[serde(default)]
+    pub cluster_network: String,
+    /// Networks attached to every pod outside `systemNamespaces`.
+    #[serde(default)]
+    pub default_networks: Vec<String>,
+    /// Inline delegate configs; the first is the default network.
+    #[serde(default)]
+    pub delegates: Vec<Value>,
+    /// Directory of on-disk CNI configs for NADs with an empty spec.
+    #[serde(default = "default_conf_dir")]
+    pub conf_dir: String,
+    /// Plexus state directory (attachment plans, delegate result cache).
+    #[serde(default = "default_cni_dir")]
+    pub cni_dir: String,
+    /// Directory searched for delegates before `CNI_PATH`.
+    #[serde(default = "default_bin_dir")]
+    pub bin_dir: String,
+    /// File that must exist before ADD proceeds.
+    #[serde(rename = "readinessindicatorfile", default)]
+    pub readiness_indicator_file: String,
+    /// Restrict NAD references to the pod's namespace and `globalNamespaces`.
+    #[serde(default)]
+    pub namespace_isolation: bool,
+    /// Comma list of namespaces any pod may reference when isolation is on.
+    #[serde(default)]
+    pub global_namespaces: String,
+    /// Namespaces whose pods do not get `defaultNetworks`.
+    #[serde(default = "default_system_namespaces")]
+    pub system_namespaces: Vec<String>,
+    /// Namespace for `clusterNetwork`/`defaultNetworks` NAD names and the default-network annotation.
+    #[serde(default = "default_multus_namespace")]
+    pub multus_namespace: String,
+    /// Log file.
+    #[serde(default)]
+    pub log_file: String,
+    /// Log level (`panic`, `error`, `verbose`, `debug`, or tracing's names).
+    #[serde(default)]
+    pub log_level: String,
+    /// Also log to stderr.
+    #[serde(default = "default_true")]
+    pub log_to_stderr: bool,
+    /// Rotation options.
+    #[serde(default)]
+    pub log_options: Option<LogOptions>,
+    /// Capabilities advertised to the runtime.
+    #[serde(default)]
+    pub capabilities: Map<String, Value>,
+    /// Capability args from the runtime.
+    #[serde(default)]
+    pub runtime_config: Map<String, Value>,
+    /// Keep the attachment plan when a delegate DEL fails so a later DEL can retry.
+    #[serde(default)]
+    pub retry_delete_on_error: bool,
+    /// Multus' auxiliary chain name (not supported; rejected when set).
+    #[serde(rename = "auxiliaryCNIChainName", default)]
+    pub auxiliary_cni_chain_name: String,
+    /// Plexus: deadline for one delegate exec, seconds.
+    #[serde(default = "default_delegate_timeout")]
+    pub delegate_timeout_seconds: u64,
+    /// Plexus: post Kubernetes events for attachments.
+    #[serde(default = "default_true")]
+    pub events: bool,
+    /// Plexus: seconds ADD waits for the readiness indicator file.
+    #[serde(default = "default_readiness_timeout")]
+    pub readiness_timeout_seconds: u64,
+    /// Plexus: total time budget for reading the pod at ADD, milliseconds.
+    #[serde(default = "default_pod_timeout")]
+    pub pod_timeout_ms: u64,
+    /// Runtime-provided previous result (plexus as a chained plugin; unused).
+    #[serde(default)]
+    pub prev_result: Option<Value>,
+}
+
+fn default_conf_dir() -> String {
+    "/etc/cni/multus/net.d".into()
+}
+fn default_cni_dir() -> String {
+    "/var/lib/cni/plexus".into()
+}
+fn default_bin_dir() -> String {
+    "/opt/cni/bin".into()
+}
+fn default_system_namespaces() -> Vec<String> {
+    vec!["kube-system".into()]
+}
+fn default_multus_namespace() -> String {
+    "kube-system".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_delegate_timeout() -> u64 {
+    60
+}
+fn default_readiness_timeout() -> u64 {
+    45
+}
+fn default_pod_timeout() -> u64 {
+    2500
+}
+
+impl PlexusConfig {
+    /// Parse and validate.
+    pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
+        let c: PlexusConfig = serde_json::from_slice(bytes)
+            .map_err(|e| CniError::decode("failed to parse plexus configuration", e.to_string()))?;
+        if c.cluster_network.is_empty() && c.delegates.is_empty() {
+            return Err(CniError::invalid_config(
+                "at least one delegate/clusterNetwork must be specified",
+                "set 'clusterNetwork' or list the default network first in 'delegates'",
+            ));
+        }
+        if !c.auxiliary_cni_chain_name.is_empty() {
+            return Err(CniError::new(
+                crate::error::code::UNSUPPORTED_FIELD,
+                "unsupported field auxiliaryCNIChainName",
+                format!(
+                    "value {:?}: plexus does not implement auxiliary chains",
+                    c.auxiliary_cni_chain_name
+                ),
+            ));
+        }
+        if c.delegate_timeout_seconds == 0 {
+            return Err(CniError::invalid_config(
+                "delegateTimeoutSeconds must be > 0",
+                "",
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The inline delegates as validated conflists.
+    pub fn delegate_lists(&self) -> Result<Vec<NetConfList>, CniError> {
+        self.delegates
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                NetConfList::from_value(d.clone()).map_err(|e| e.context(format!("delegates[{i}]")))
+            })
+            .collect()
+    }
+
+    /// Namespaces any pod may reference under isolation (default: `default`).
+    pub fn global_namespace_list(&self) -> Vec<String> {
+        if self.global_namespaces.trim().is_empty() {
+            return vec!["default".into()];
+        }
+        self.global_namespaces
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multus_thin_config_parses_with_type_changed() {
+        let src = br#"{"cniVersion":"0.3.1","name":"multus-cni-network","type":"plexus",
+            "kubeconfig":"/etc/cni/net.d/multus.d/multus.kubeconfig","confDir":"/etc/cni/multus/net.d","cniDir":"/var/lib/cni/multus",
+            "binDir":"/opt/cni/bin","logFile":"/var/log/multus.log","logLevel":"debug","logToStderr":false,
+            "logOptions":{"maxAge":5,"maxSize":100,"maxBackups":5,"compress":true},
+            "capabilities":{"portMappings":true,"bandwidth":true},"readinessindicatorfile":"",
+            "namespaceIsolation":true,"globalNamespaces":"default, shared","systemNamespaces":["kube-system"],
+            "multusNamespace":"kube-system","retryDeleteOnError":false,
+            "delegates":[{"cniVersion":"0.3.1","name":"cbr0","plugins":[{"type":"flannel","delegate":{"isDefaultGateway":true}},{"type":"portmap","capabilities":{"portMappings":true}}]}]}"#;
+        let c = PlexusConfig::parse(src).unwrap();
+        assert_eq!(c.global_namespace_list(), vec!["default", "shared"]);
+        assert!(c.namespace_isolation && !c.log_to_stderr);
+        assert_eq!(c.delegate_lists().unwrap()[0].plugins.len(), 2);
+    }
+
+    #[test]
+    fn defaults_match_multus() {
+        let c = PlexusConfig::parse(br#"{"name":"m","type":"plexus","clusterNetwork":"/etc/cni/net.d/10-flannel.conflist"}"#).unwrap();
+        assert_eq!(c.conf_dir, "/etc/cni/multus/net.d");
+        assert_eq!(c.bin_dir, "/opt/cni/bin");
+        assert_eq!(c.multus_namespace, "kube-system");
+        assert_eq!(c.system_namespaces, vec!["kube-system"]);
+        assert!(c.log_to_stderr && c.events);
+        assert_eq!(c.global_namespace_list(), vec!["default"]);
+    }
+
+    #[test]
+    fn errors() {
+        assert_eq!(PlexusConfig::parse(br#"{"name":"m"}"#).unwrap_err().code, 7);
+        assert_eq!(PlexusConfig::parse(b"{").unwrap_err().code, 6);
+        assert_eq!(
+            PlexusConfig::parse(br#"{"delegates":[{}],"auxiliaryCNIChainName":"x"}"#)
+                .unwrap_err()
+                .code,
+            2
+        );
+        let c = PlexusConfig::parse(br#"{"delegates":[{"name":"x"}]}"#).unwrap();
+        assert!(c.delegate_lists().unwrap_err().msg.contains("delegates[0]"));
+    }
+}
