@@ -245,6 +245,16 @@ fn install_crypto_provider() {
     });
 }
 
+/// TCP connector: TCP_NODELAY (no delayed-ACK stall on small writes), any URI scheme (TLS is
+/// layered on top), bounded connect time.
+fn tcp_connector(opts: &ClientOptions) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(opts.connect_timeout));
+    http
+}
+
 /// The kube client stack: NODELAY connector → rustls (https or plain http) → hyper pool,
 /// with the base-URI and auth layers. No kube-level retry: callers retry with [`RetryPolicy`].
 fn build_client(config: &kube::Config, opts: &ClientOptions) -> Result<kube::Client, K8sError> {
@@ -252,12 +262,8 @@ fn build_client(config: &kube::Config, opts: &ClientOptions) -> Result<kube::Cli
         return Err(K8sError::Client("no tokio runtime".into()));
     }
     install_crypto_provider();
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(opts.connect_timeout));
     let https = config
-        .rustls_https_connector_with_connector(http)
+        .rustls_https_connector_with_connector(tcp_connector(opts))
         .map_err(|e| K8sError::Client(format!("TLS setup: {e}")))?;
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
@@ -276,6 +282,20 @@ fn build_client(config: &kube::Config, opts: &ClientOptions) -> Result<kube::Cli
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn connector_sets_nodelay() {
+        use tower::ServiceExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: http::Uri = format!("https://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let io = tcp_connector(&ClientOptions::default())
+            .oneshot(uri)
+            .await
+            .unwrap();
+        assert!(io.inner().nodelay().unwrap());
+    }
 
     #[test]
     fn in_cluster_url() {

@@ -26,6 +26,8 @@ mod retry;
 mod status;
 #[cfg(test)]
 mod testutil;
+#[cfg(test)]
+mod tls_tests;
 
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
 pub use error::{K8sError, CNI_INVALID_CONFIG, CNI_K8S_FAILURE, CNI_TRY_AGAIN_LATER};

@@ -1,0 +1,147 @@
+//! Real-TLS tests: a loopback rustls server with a test CA (testdata/, valid until 2126).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsAcceptor;
+
+use super::{KubeClient, RetryPolicy};
+
+const CA: &[u8] = include_bytes!("testdata/ca.crt");
+const CERT: &[u8] = include_bytes!("testdata/server.crt");
+const KEY: &[u8] = include_bytes!("testdata/server.key");
+
+/// Serve every connection: read one request at a time, answer a fixed pod. Returns the port.
+async fn start_tls_server() -> u16 {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(KEY).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            sock.set_nodelay(true).unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(sock).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // Read the head, then the body (content-length), before answering.
+                    let mut need = None;
+                    while need.is_none_or(|n| buf.len() < n) {
+                        match tls.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        if need.is_none() {
+                            need = head_and_body_len(&buf);
+                        }
+                    }
+                    buf.drain(..need.unwrap_or(0));
+                    let body = br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p1","namespace":"ns1","uid":"u1"}}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let mut out = head.into_bytes();
+                    out.extend_from_slice(body);
+                    if tls.write_all(&out).await.is_err() || tls.flush().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Total request length (head + content-length body) once the head is complete.
+fn head_and_body_len(buf: &[u8]) -> Option<usize> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let body = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    Some(end + body)
+}
+
+fn write_kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
+    let ca = dir.join("ca.crt");
+    std::fs::write(&ca, CA).unwrap();
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: ca.crt\n\
+             users:\n- name: u\n  user:\n    token: tok\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// HTTPS with a kubeconfig CA given as a relative path, the ring provider installed by us, a
+/// GET on a fresh connection and a PATCH (head + body) on the reused one.
+#[tokio::test]
+async fn https_with_kubeconfig_ca() {
+    let port = start_tls_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_kubeconfig(dir.path(), port);
+    for _ in 0..2 {
+        let client = KubeClient::from_kubeconfig_path(&path).await.unwrap();
+        let start = Instant::now();
+        let pod = client
+            .get_pod("ns1", "p1", Some("u1"), RetryPolicy::none())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pod.metadata.uid.as_deref(), Some("u1"));
+        client
+            .set_network_status("ns1", "p1", "u1", "[]")
+            .await
+            .unwrap();
+        tracing::debug!(elapsed = ?start.elapsed(), "GET + PATCH over fresh TLS connection");
+    }
+}
+
+/// A server certificate not signed by the kubeconfig's CA is rejected (not retried as transient
+/// forever, not accepted).
+#[tokio::test]
+async fn https_rejects_unknown_ca() {
+    let port = start_tls_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_kubeconfig(dir.path(), port);
+    // Trust an unrelated CA instead.
+    std::fs::write(dir.path().join("ca.crt"), OTHER_CA).unwrap();
+    let client = KubeClient::from_kubeconfig_path(&path).await.unwrap();
+    let err = client
+        .get_pod("ns1", "p1", None, RetryPolicy::none())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+}
+
+/// An unrelated CA (CN=other-ca).
+const OTHER_CA: &[u8] = include_bytes!("testdata/other-ca.crt");
