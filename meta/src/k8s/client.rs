@@ -195,6 +195,8 @@ impl KubeClient {
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| kc_err(redact(&e)))?;
+        let mut config = config;
+        trim_token_file(&mut config.auth_info).map_err(kc_err)?;
         let client = build_client(&config, &opts).map_err(|e| match e {
             K8sError::Client(reason) => kc_err(reason),
             other => other,
@@ -209,6 +211,8 @@ impl KubeClient {
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| K8sError::InCluster(redact(&e)))?;
+        let mut config = config;
+        trim_token_file(&mut config.auth_info).map_err(K8sError::InCluster)?;
         let client = build_client(&config, &opts)?;
         Ok(KubeClient { client, opts })
     }
@@ -232,6 +236,24 @@ fn redact(e: &KubeconfigError) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// kube sends a token file's contents verbatim, so a trailing newline (`echo tok > file`) makes
+/// an invalid header. When the file has surrounding whitespace, read it once and use the trimmed
+/// token inline (fine for a short-lived CNI process); otherwise leave it to kube, which re-reads
+/// rotated tokens.
+fn trim_token_file(auth: &mut AuthInfo) -> Result<(), String> {
+    let Some(path) = auth.token_file.as_deref().filter(|_| auth.token.is_none()) else {
+        return Ok(());
+    };
+    let raw =
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read token file {path}: {e}"))?;
+    let trimmed = raw.trim();
+    if trimmed.len() != raw.len() {
+        auth.token = Some(secrecy::SecretString::from(trimmed.to_owned()));
+        auth.token_file = None;
+    }
+    Ok(())
 }
 
 /// Install the ring rustls provider once; tolerate one installed by someone else.

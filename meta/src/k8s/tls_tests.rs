@@ -8,14 +8,24 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsAcceptor;
 
-use super::{KubeClient, RetryPolicy};
+use super::{ClientOptions, InClusterEnv, KubeClient, RetryPolicy};
 
 const CA: &[u8] = include_bytes!("testdata/ca.crt");
 const CERT: &[u8] = include_bytes!("testdata/server.crt");
 const KEY: &[u8] = include_bytes!("testdata/server.key");
 
+/// Request heads seen by the server.
+type Heads = Arc<std::sync::Mutex<Vec<String>>>;
+
 /// Serve every connection: read one request at a time, answer a fixed pod. Returns the port.
 async fn start_tls_server() -> u16 {
+    start_tls_server_recording().await.0
+}
+
+/// Like [`start_tls_server`], also returning the recorded request heads.
+async fn start_tls_server_recording() -> (u16, Heads) {
+    let heads = Heads::default();
+    let seen = heads.clone();
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT)
         .collect::<Result<_, _>>()
         .unwrap();
@@ -35,6 +45,7 @@ async fn start_tls_server() -> u16 {
         while let Ok((sock, _)) = listener.accept().await {
             sock.set_nodelay(true).unwrap();
             let acceptor = acceptor.clone();
+            let seen = seen.clone();
             tokio::spawn(async move {
                 let Ok(mut tls) = acceptor.accept(sock).await else {
                     return;
@@ -53,7 +64,10 @@ async fn start_tls_server() -> u16 {
                             need = head_and_body_len(&buf);
                         }
                     }
-                    buf.drain(..need.unwrap_or(0));
+                    let req: Vec<u8> = buf.drain(..need.unwrap_or(0)).collect();
+                    seen.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&req).into_owned());
                     let body = br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p1","namespace":"ns1","uid":"u1"}}"#;
                     let head = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -68,7 +82,7 @@ async fn start_tls_server() -> u16 {
             });
         }
     });
-    port
+    (port, heads)
 }
 
 /// Total request length (head + content-length body) once the head is complete.
@@ -145,3 +159,64 @@ async fn https_rejects_unknown_ca() {
 
 /// An unrelated CA (CN=other-ca).
 const OTHER_CA: &[u8] = include_bytes!("testdata/other-ca.crt");
+
+/// The in-cluster path: service host/port, service-account CA and token files.
+#[tokio::test]
+async fn in_cluster_uses_ca_and_token_file() {
+    let (port, heads) = start_tls_server_recording().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = InClusterEnv::new("127.0.0.1", port.to_string());
+    env.ca_file = dir.path().join("ca.crt");
+    env.token_file = dir.path().join("token");
+    std::fs::write(&env.ca_file, CA).unwrap();
+    std::fs::write(&env.token_file, "sa-token-1\n").unwrap();
+    let client = KubeClient::in_cluster(&env, ClientOptions::default())
+        .await
+        .unwrap();
+    client
+        .get_pod("ns1", "p1", Some("u1"), RetryPolicy::none())
+        .await
+        .unwrap()
+        .unwrap();
+    // Without surrounding whitespace kube reads the file itself (and would re-read rotations).
+    std::fs::write(&env.token_file, "sa-token-2").unwrap();
+    let client = KubeClient::in_cluster(&env, ClientOptions::default())
+        .await
+        .unwrap();
+    client
+        .get_pod("ns1", "p1", None, RetryPolicy::none())
+        .await
+        .unwrap();
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2);
+    assert!(
+        heads[1]
+            .to_ascii_lowercase()
+            .contains("authorization: bearer sa-token-2\r\n"),
+        "{heads:?}"
+    );
+    assert!(
+        heads[0].starts_with("GET /api/v1/namespaces/ns1/pods/p1 HTTP/1.1\r\n"),
+        "{heads:?}"
+    );
+    assert!(
+        heads[0]
+            .to_ascii_lowercase()
+            .contains("authorization: bearer sa-token-1\r\n"),
+        "{heads:?}"
+    );
+}
+
+#[tokio::test]
+async fn in_cluster_without_token_file_fails_as_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = InClusterEnv::new("127.0.0.1", "6443");
+    env.ca_file = dir.path().join("ca.crt");
+    env.token_file = dir.path().join("missing-token");
+    std::fs::write(&env.ca_file, CA).unwrap();
+    let err = KubeClient::in_cluster(&env, ClientOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, super::K8sError::InCluster(_)), "{err:?}");
+    assert_eq!(err.cni_code(), 7);
+}
