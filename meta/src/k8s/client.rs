@@ -167,6 +167,21 @@ impl std::fmt::Debug for KubeClient {
 }
 
 impl KubeClient {
+    /// Pick the source like Multus: a non-empty `kubeconfig` path wins, else the in-cluster
+    /// service account when `in_cluster` is given (see [`InClusterEnv::from_process_env`]),
+    /// else no client (`Ok(None)`: the caller runs without the API).
+    pub async fn from_settings(
+        kubeconfig: Option<&Path>,
+        in_cluster: Option<&InClusterEnv>,
+        opts: ClientOptions,
+    ) -> Result<Option<Self>, K8sError> {
+        match (kubeconfig.filter(|p| !p.as_os_str().is_empty()), in_cluster) {
+            (Some(path), _) => Self::from_kubeconfig_path_with(path, opts).await.map(Some),
+            (None, Some(env)) => Self::in_cluster(env, opts).await.map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Build from a kubeconfig file with default [`ClientOptions`]. Must run inside a tokio runtime.
     pub async fn from_kubeconfig_path(path: &Path) -> Result<Self, K8sError> {
         Self::from_kubeconfig_path_with(path, ClientOptions::default()).await
@@ -191,11 +206,10 @@ impl KubeClient {
             Err(e) => return Err(kc_err(format!("cannot read: {e}"))),
         }
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kc_err(redact(&e)))?;
-        let config =
+        let mut config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| kc_err(redact(&e)))?;
-        let mut config = config;
         trim_token_file(&mut config.auth_info).map_err(kc_err)?;
         let client = build_client(&config, &opts).map_err(|e| match e {
             K8sError::Client(reason) => kc_err(reason),
@@ -207,11 +221,10 @@ impl KubeClient {
     /// Build from the in-cluster service account. Must run inside a tokio runtime.
     pub async fn in_cluster(env: &InClusterEnv, opts: ClientOptions) -> Result<Self, K8sError> {
         let kubeconfig = env.kubeconfig()?;
-        let config =
+        let mut config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| K8sError::InCluster(redact(&e)))?;
-        let mut config = config;
         trim_token_file(&mut config.auth_info).map_err(K8sError::InCluster)?;
         let client = build_client(&config, &opts)?;
         Ok(KubeClient { client, opts })
@@ -338,6 +351,26 @@ mod tests {
             Err(K8sError::InCluster(_))
         ));
         assert!(InClusterEnv::new("", "443").url().is_err());
+    }
+
+    #[tokio::test]
+    async fn from_settings_picks_the_source() {
+        let none = KubeClient::from_settings(Some(Path::new("")), None, ClientOptions::default());
+        assert!(none.await.unwrap().is_none());
+        let mut env = InClusterEnv::new("10.96.0.1", "443");
+        env.ca_file = "/nonexistent/plexus-ca.crt".into();
+        let err = KubeClient::from_settings(None, Some(&env), ClientOptions::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, K8sError::InCluster(_)), "{err:?}");
+        let err = KubeClient::from_settings(
+            Some(Path::new("/nonexistent/kc")),
+            Some(&env),
+            ClientOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, K8sError::Kubeconfig { .. }), "{err:?}");
     }
 
     #[tokio::test]
