@@ -186,7 +186,7 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ApiError> 
     }
 }
 
-fn header_str<'a>(req: &'a http::request::Parts, name: header::HeaderName) -> Option<&'a str> {
+fn header_str(req: &http::request::Parts, name: header::HeaderName) -> Option<&str> {
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
