@@ -2,28 +2,15 @@
 
 use std::path::PathBuf;
 
-/// CNI error codes used by this plugin (CNI spec "Error" section).
+/// CNI error codes: the spec's well-known ones plus this plugin's own (>= 100).
 pub mod code {
-    /// Incompatible CNI version.
-    pub const INCOMPATIBLE_VERSION: u32 = 1;
-    /// Unknown container or the container does not exist.
-    pub const UNKNOWN_CONTAINER: u32 = 3;
-    /// Invalid necessary environment variables, like CNI_COMMAND, CNI_CONTAINERID.
-    pub const INVALID_ENV: u32 = 4;
-    /// I/O failure.
-    pub const IO_FAILURE: u32 = 5;
-    /// Failed to decode content.
-    pub const DECODE_FAILURE: u32 = 6;
-    /// Invalid network config.
-    pub const INVALID_CONFIG: u32 = 7;
-    /// Try again later.
-    pub const TRY_AGAIN_LATER: u32 = 11;
-    /// Plugin-specific: the VF is held by another container.
-    pub const VF_BUSY: u32 = 100;
+    pub use plexus_conf::error::code::{INTERNAL, INVALID_CONFIG, INVALID_ENV, IO_FAILURE};
+    /// Plugin-specific: the VF is held by another container, or already attached here.
+    pub const VF_BUSY: u32 = 110;
     /// Plugin-specific: CHECK found a difference.
-    pub const CHECK_FAILED: u32 = 101;
+    pub const CHECK_FAILED: u32 = 111;
     /// Plugin-specific: a netlink or PF operation failed.
-    pub const OPERATION_FAILED: u32 = 102;
+    pub const OPERATION_FAILED: u32 = 112;
 }
 
 /// Everything that can go wrong in the SR-IOV plugin.
@@ -68,7 +55,9 @@ pub enum SriovError {
         netns: String,
     },
     /// This container already has this interface attached.
-    #[error("interface {ifname} already exists in container {container}: VF {vf} is already attached")]
+    #[error(
+        "interface {ifname} already exists in container {container}: VF {vf} is already attached"
+    )]
     AlreadyAttached {
         /// PCI address of the VF.
         vf: String,
@@ -90,9 +79,9 @@ pub enum SriovError {
         /// Errors of undo actions that failed in turn.
         rollback: Vec<String>,
     },
-    /// An error from a delegated plugin (IPAM), already in CNI form.
+    /// An error from the delegated IPAM plugin, already in CNI form.
     #[error("IPAM: {0}")]
-    Ipam(String, u32),
+    Ipam(plexus_conf::error::CniError),
     /// CHECK found a mismatch.
     #[error("check failed: {0}")]
     Check(String),
@@ -141,7 +130,7 @@ impl SriovError {
             SriovError::Busy { .. } => code::VF_BUSY,
             SriovError::AlreadyAttached { .. } => code::VF_BUSY,
             SriovError::Step { source, .. } => source.cni_code(),
-            SriovError::Ipam(_, c) => *c,
+            SriovError::Ipam(e) => e.code,
             SriovError::Check(_) => code::CHECK_FAILED,
             SriovError::Multi(v) => v.first().map_or(code::OPERATION_FAILED, |e| e.cni_code()),
             SriovError::Pf(_) | SriovError::Netlink(_) | SriovError::Other(_) => {
@@ -162,5 +151,14 @@ impl SriovError {
             SriovError::Check(_) => "check failed".into(),
             _ => "sriov failed".into(),
         }
+    }
+}
+
+impl From<SriovError> for plexus_conf::error::CniError {
+    fn from(e: SriovError) -> Self {
+        if let SriovError::Ipam(inner) = &e {
+            return inner.clone().context("sriov");
+        }
+        plexus_conf::error::CniError::new(e.cni_code(), e.cni_msg(), e.to_string())
     }
 }

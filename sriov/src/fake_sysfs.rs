@@ -99,6 +99,9 @@ impl FakeSysfs {
         std::fs::rename(net.join(from), net.join(to))?;
         let class = self.root.join("class/net");
         let _ = std::fs::remove_file(class.join(from));
-        symlink(format!("../../bus/pci/devices/{pci}/net/{to}"), class.join(to))
+        symlink(
+            format!("../../bus/pci/devices/{pci}/net/{to}"),
+            class.join(to),
+        )
     }
 }

@@ -1,1 +1,51 @@
-fn main() {}
+//! The `sriov` binary: `sriov list ...` diagnostics, otherwise a CNI plugin via the shared skel.
+
+use plexus_delegates::logging::{self, LogOptions};
+use plexus_delegates::skel;
+use plexus_sriov::{list_main, Settings, SriovPlugin};
+
+/// Log options from the config's `logLevel`/`logFile` (sriov-cni keys); stdin is peeked here
+/// only for logging, the skel parses it again.
+fn log_options(stdin: &[u8]) -> LogOptions {
+    let v: serde_json::Value = serde_json::from_slice(stdin).unwrap_or_default();
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
+    let file = s("logFile");
+    LogOptions {
+        level: match s("logLevel").as_str() {
+            "" => "info".into(),
+            l => l.into(),
+        },
+        to_stderr: file.is_empty(),
+        file: (!file.is_empty()).then(|| file.into()),
+    }
+}
+
+fn main() {
+    let settings = Settings::from_env(|k| std::env::var(k).ok());
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("list") {
+        logging::init(&LogOptions {
+            level: "warn".into(),
+            file: None,
+            to_stderr: true,
+        });
+        match list_main(&argv[1..], &settings) {
+            Ok(out) => print!("{out}"),
+            Err(e) => {
+                eprintln!("sriov list: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
+    skel::install_panic_hook();
+    let mut stdin = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut stdin);
+    logging::init(&log_options(&stdin));
+    let plugin = SriovPlugin { settings };
+    let o = skel::dispatch(&plugin, |k| std::env::var(k).ok(), stdin);
+    if !o.stdout.is_empty() {
+        println!("{}", o.stdout);
+    }
+    std::process::exit(o.exit_code);
+}

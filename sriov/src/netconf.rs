@@ -167,13 +167,19 @@ fn on_off(v: &Value, key: &str) -> Result<Option<bool>, SriovError> {
         "" => Ok(None),
         "on" => Ok(Some(true)),
         "off" => Ok(Some(false)),
-        other => Err(err(format!("{key} {other:?} invalid: must be \"on\" or \"off\""))),
+        other => Err(err(format!(
+            "{key} {other:?} invalid: must be \"on\" or \"off\""
+        ))),
     }
 }
 
 /// Validates a PCI address `dddd:bb:dd.f` (domain optional, as accepted by sysfs lookups).
 pub fn validate_pci_address(s: &str) -> Result<(), SriovError> {
-    let bad = || err(format!("deviceID {s:?} is not a PCI address (want dddd:bb:dd.f)"));
+    let bad = || {
+        err(format!(
+            "deviceID {s:?} is not a PCI address (want dddd:bb:dd.f)"
+        ))
+    };
     let (head, func) = s.rsplit_once('.').ok_or_else(bad)?;
     let parts: Vec<&str> = head.split(':').collect();
     let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
@@ -209,7 +215,8 @@ pub fn mac_from_cni_args(args: &str) -> Result<Option<MacAddr>, SriovError> {
                         .map_err(|e| SriovError::Args(format!("MAC: {e}")))?,
                 )
             }
-            "K8S_POD_NAMESPACE" | "K8S_POD_NAME" | "K8S_POD_INFRA_CONTAINER_ID" | "K8S_POD_UID" => {}
+            "K8S_POD_NAMESPACE" | "K8S_POD_NAME" | "K8S_POD_INFRA_CONTAINER_ID" | "K8S_POD_UID" => {
+            }
             other => unknown.push(other.to_string()),
         }
     }
@@ -242,10 +249,13 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
     let mut valid_attachments = None;
     for (k, v) in obj {
         match canonical_key(k)? {
+            Some(c) if m.contains_key(c) => {
+                return Err(err(format!(
+                    "key {c:?} given twice (keys are case-insensitive)"
+                )));
+            }
             Some(c) => {
-                if m.insert(c.to_string(), v.clone()).is_some() {
-                    return Err(err(format!("key {c:?} given twice (keys are case-insensitive)")));
-                }
+                m.insert(c.to_string(), v.clone());
             }
             None if k == "cni.dev/valid-attachments" => {
                 valid_attachments = Some(parse_attachments(v)?);
@@ -259,7 +269,10 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         Some(v) => get_str(v, "cniVersion")?,
         None => "0.1.0".to_string(),
     };
-    let name = has("name").map(|v| get_str(v, "name")).transpose()?.unwrap_or_default();
+    let name = has("name")
+        .map(|v| get_str(v, "name"))
+        .transpose()?
+        .unwrap_or_default();
 
     let device_id = match has("deviceID") {
         Some(v) => {
@@ -273,8 +286,12 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         return Err(err("deviceID (VF PCI address) is required"));
     }
 
-    let vlan_id = has("vlan").map(|v| get_int(v, "vlan", 0, 4094)).transpose()?;
-    let qos = has("vlanQoS").map(|v| get_int(v, "vlanQoS", 0, 7)).transpose()?;
+    let vlan_id = has("vlan")
+        .map(|v| get_int(v, "vlan", 0, 4094))
+        .transpose()?;
+    let qos = has("vlanQoS")
+        .map(|v| get_int(v, "vlanQoS", 0, 7))
+        .transpose()?;
     let proto = match has("vlanProto") {
         Some(v) => match get_str(v, "vlanProto")?.to_ascii_lowercase().as_str() {
             "802.1q" => Some(VlanProto::Dot1Q),
@@ -314,7 +331,10 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         }
     };
 
-    let cfg_mac = has("mac").map(|v| parse_mac(v, "mac")).transpose()?.flatten();
+    let cfg_mac = has("mac")
+        .map(|v| parse_mac(v, "mac"))
+        .transpose()?
+        .flatten();
     let args_mac = mac_from_cni_args(cni_args)?;
     let rc = has("runtimeConfig");
     if let Some(rc) = rc {
@@ -339,8 +359,14 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
     }
     let mac = rc_mac.or(args_mac).or(cfg_mac);
 
-    let spoofchk = has("spoofchk").map(|v| on_off(v, "spoofchk")).transpose()?.flatten();
-    let trust = has("trust").map(|v| on_off(v, "trust")).transpose()?.flatten();
+    let spoofchk = has("spoofchk")
+        .map(|v| on_off(v, "spoofchk"))
+        .transpose()?
+        .flatten();
+    let trust = has("trust")
+        .map(|v| on_off(v, "trust"))
+        .transpose()?
+        .flatten();
     let link_state = match has("link_state") {
         Some(v) => match get_str(v, "link_state")?.as_str() {
             "" => None,
@@ -374,7 +400,10 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
             Some(RateSpec { min, max })
         }
     };
-    let mtu = has("mtu").map(|v| get_int(v, "mtu", 68, 65535)).transpose()?.map(|n| n as u32);
+    let mtu = has("mtu")
+        .map(|v| get_int(v, "mtu", 68, 65535))
+        .transpose()?
+        .map(|n| n as u32);
 
     let ipam_type = match has("ipam") {
         Some(Value::Object(ipam)) => match ipam.get("type") {
@@ -385,7 +414,9 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         Some(other) => return Err(err(format!("ipam must be an object, got {other}"))),
         None => None,
     };
-    let log_level = has("logLevel").map(|v| get_str(v, "logLevel")).transpose()?;
+    let log_level = has("logLevel")
+        .map(|v| get_str(v, "logLevel"))
+        .transpose()?;
     if let Some(l) = &log_level {
         if !matches!(
             l.to_ascii_lowercase().as_str(),
@@ -430,7 +461,10 @@ fn parse_attachments(v: &Value) -> Result<Vec<(String, String)>, SriovError> {
         .ok_or_else(bad)?
         .iter()
         .map(|a| {
-            let c = a.get("containerID").and_then(Value::as_str).ok_or_else(bad)?;
+            let c = a
+                .get("containerID")
+                .and_then(Value::as_str)
+                .ok_or_else(bad)?;
             let i = a.get("ifname").and_then(Value::as_str).ok_or_else(bad)?;
             Ok((c.to_string(), i.to_string()))
         })

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_EXCL, NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
@@ -70,6 +70,8 @@ pub struct Link {
     pub up: bool,
     /// Alternative names.
     pub altnames: Vec<String>,
+    /// IFLA_CARRIER, when reported.
+    pub carrier: Option<bool>,
 }
 
 impl Link {
@@ -82,12 +84,14 @@ impl Link {
             mtu: 0,
             up: m.header.flags.contains(LinkFlags::Up),
             altnames: Vec::new(),
+            carrier: None,
         };
         for a in &m.attributes {
             match a {
                 LinkAttribute::IfName(n) => l.name = n.clone(),
                 LinkAttribute::Address(a) => l.mac = a.clone(),
                 LinkAttribute::Mtu(v) => l.mtu = *v,
+                LinkAttribute::Carrier(c) => l.carrier = Some(*c != 0),
                 LinkAttribute::PropList(props) => {
                     for p in props {
                         if let Prop::AltIfName(n) = p {
@@ -170,8 +174,9 @@ impl Netlink {
             let (data, _) = self.sock.recv_from_full().map_err(|e| proto(op, e))?;
             let mut off = 0usize;
             while off + 16 <= data.len() {
-                let len = u32::from_ne_bytes([data[off], data[off + 1], data[off + 2], data[off + 3]])
-                    as usize;
+                let len =
+                    u32::from_ne_bytes([data[off], data[off + 1], data[off + 2], data[off + 3]])
+                        as usize;
                 if len < 16 || off + len > data.len() {
                     return Err(proto(op, "truncated reply"));
                 }
@@ -272,7 +277,11 @@ impl Netlink {
     /// Sets link `index` up or down.
     pub fn set_up(&mut self, index: u32, up: bool) -> Result<(), NlError> {
         let op = format!("set link #{index} {}", if up { "up" } else { "down" });
-        let f = if up { LinkFlags::Up } else { LinkFlags::empty() };
+        let f = if up {
+            LinkFlags::Up
+        } else {
+            LinkFlags::empty()
+        };
         self.set_link(op, index, vec![], Some((f, LinkFlags::Up)))
     }
 
@@ -298,7 +307,9 @@ impl Netlink {
         let mut m = LinkMessage::default();
         m.header.index = index;
         m.attributes
-            .push(LinkAttribute::PropList(vec![Prop::AltIfName(altname.into())]));
+            .push(LinkAttribute::PropList(vec![Prop::AltIfName(
+                altname.into(),
+            )]));
         let op = format!("delete altname {altname} of link #{index}");
         self.request(&op, RouteNetlinkMessage::DelLinkProp(m), NLM_F_ACK)
             .map(drop)
@@ -314,7 +325,11 @@ impl Netlink {
         m.attributes.push(AddressAttribute::Address(a.ip));
         if let IpAddr::V4(v4) = a.ip {
             let bits = u32::from(v4);
-            let host = if a.prefix >= 32 { 0 } else { u32::MAX >> a.prefix };
+            let host = if a.prefix >= 32 {
+                0
+            } else {
+                u32::MAX >> a.prefix
+            };
             if a.prefix < 31 {
                 m.attributes
                     .push(AddressAttribute::Broadcast((bits | host).into()));
@@ -339,7 +354,9 @@ impl Netlink {
         )?;
         let mut out = Vec::new();
         for r in replies {
-            let RouteNetlinkMessage::NewAddress(m) = r else { continue };
+            let RouteNetlinkMessage::NewAddress(m) = r else {
+                continue;
+            };
             if m.header.index != index {
                 continue;
             }
@@ -373,10 +390,14 @@ impl Netlink {
                 .push(RouteAttribute::Destination(RouteAddress::from(r.dst)));
         }
         if let Some(gw) = r.gw {
-            m.attributes.push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+            m.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
         }
         m.attributes.push(RouteAttribute::Oif(index));
-        let op = format!("add route {}/{} via {:?} on link #{index}", r.dst, r.prefix, r.gw);
+        let op = format!(
+            "add route {}/{} via {:?} on link #{index}",
+            r.dst, r.prefix, r.gw
+        );
         self.request(
             &op,
             RouteNetlinkMessage::NewRoute(m),
@@ -397,7 +418,9 @@ impl Netlink {
         let replies = self.request(&op, RouteNetlinkMessage::GetRoute(q), NLM_F_DUMP)?;
         let mut out = Vec::new();
         for r in replies {
-            let RouteNetlinkMessage::NewRoute(m) = r else { continue };
+            let RouteNetlinkMessage::NewRoute(m) = r else {
+                continue;
+            };
             if m.header.table != RouteHeader::RT_TABLE_MAIN {
                 continue;
             }

@@ -215,10 +215,7 @@ impl FakePfState {
 }
 
 fn call_get(pf: &str, vf: u32) -> Call {
-    Call::GetVf {
-        pf: pf.into(),
-        vf,
-    }
+    Call::GetVf { pf: pf.into(), vf }
 }
 
 /// Implements [`PfVfConfig`] in terms of a closure that applies one [`Call`].
@@ -408,10 +405,19 @@ mod tests {
         let err = pf.set_vf_trust("pf0", 1, false).unwrap_err();
         assert!(err.to_string().contains("injected"), "{err}");
         let vf = pf.get_vf("pf0", 1).unwrap();
-        assert_eq!((vf.vlan, vf.qos, vf.proto, vf.trust), (100, 3, VlanProto::Dot1Ad, true));
+        assert_eq!(
+            (vf.vlan, vf.qos, vf.proto, vf.trust),
+            (100, 3, VlanProto::Dot1Ad, true)
+        );
         assert_eq!(pf.calls().len(), 4);
-        assert!(matches!(pf.get_vf("pf0", 2), Err(PfError::VfNotFound { .. })));
-        assert!(matches!(pf.get_vf("nope", 0), Err(PfError::PfNotFound { .. })));
+        assert!(matches!(
+            pf.get_vf("pf0", 2),
+            Err(PfError::VfNotFound { .. })
+        ));
+        assert!(matches!(
+            pf.get_vf("nope", 0),
+            Err(PfError::PfNotFound { .. })
+        ));
         assert!(pf.set_vf_rate("pf0", 0, 10, 5).is_err());
     }
 

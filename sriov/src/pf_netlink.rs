@@ -77,9 +77,10 @@ pub fn vf_info(vf: u32, s: &VfSetting) -> VfInfo {
 pub fn set_vf_request(pf_index: u32, vf: u32, setting: &VfSetting) -> RouteNetlinkMessage {
     let mut m = LinkMessage::default();
     m.header.index = pf_index;
-    m.attributes.push(LinkAttribute::VfInfoList(vec![LinkVfInfo(vec![vf_info(
-        vf, setting,
-    )])]));
+    m.attributes
+        .push(LinkAttribute::VfInfoList(vec![LinkVfInfo(vec![vf_info(
+            vf, setting,
+        )])]));
     RouteNetlinkMessage::SetLink(m)
 }
 
@@ -98,7 +99,9 @@ pub fn get_vfs_request(pf_name: &str) -> RouteNetlinkMessage {
 /// the position in the list (the kernel omits VFs whose `ndo_get_vf_config` fails).
 pub fn parse_vf(msg: &LinkMessage, vf: u32) -> Option<VfConfig> {
     for attr in &msg.attributes {
-        let LinkAttribute::VfInfoList(list) = attr else { continue };
+        let LinkAttribute::VfInfoList(list) = attr else {
+            continue;
+        };
         for LinkVfInfo(infos) in list {
             let id = infos.iter().find_map(|i| match i {
                 VfInfo::Mac(m) => Some(m.vf_id),
@@ -199,20 +202,18 @@ impl NetlinkPf {
 impl PfVfConfig for NetlinkPf {
     fn get_vf(&self, pf: &str, vf: u32) -> Result<VfConfig, PfError> {
         self.with_nl(|nl| {
-            let replies = nl
-                .request("get_vf", get_vfs_request(pf), 0)
-                .map_err(|e| {
-                    if e.is_not_found() {
-                        PfError::PfNotFound { pf: pf.into() }
-                    } else {
-                        PfError::Failed {
-                            op: "get_vf",
-                            pf: pf.into(),
-                            vf,
-                            cause: e.to_string(),
-                        }
+            let replies = nl.request("get_vf", get_vfs_request(pf), 0).map_err(|e| {
+                if e.is_not_found() {
+                    PfError::PfNotFound { pf: pf.into() }
+                } else {
+                    PfError::Failed {
+                        op: "get_vf",
+                        pf: pf.into(),
+                        vf,
+                        cause: e.to_string(),
                     }
-                })?;
+                }
+            })?;
             replies
                 .iter()
                 .find_map(|r| match r {

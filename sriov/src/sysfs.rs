@@ -214,7 +214,10 @@ impl Sysfs {
     fn virtfns(&self, pf_dir: &Path) -> Result<Vec<(u32, String)>, SysfsError> {
         let mut out = Vec::new();
         for name in sorted_names(pf_dir)? {
-            let Some(idx) = name.strip_prefix("virtfn").and_then(|n| n.parse::<u32>().ok()) else {
+            let Some(idx) = name
+                .strip_prefix("virtfn")
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
             if let Some(pci) = link_basename(&pf_dir.join(&name)) {
@@ -253,12 +256,16 @@ mod tests {
     fn tree() -> (tempfile::TempDir, Sysfs) {
         let dir = tempfile::tempdir().unwrap();
         let fake = FakeSysfs::new(dir.path());
-        fake.add_pf("0000:af:00.1", "enp175s0f1", &[
-            FakeVf::netdev("0000:af:06.0", "enp175s6"),
-            FakeVf::netdev("0000:af:06.1", "enp175s7"),
-            FakeVf::userspace("0000:af:06.2", "vfio-pci"),
-            FakeVf::userspace("0000:af:06.3", "ixgbevf-unbound"),
-        ])
+        fake.add_pf(
+            "0000:af:00.1",
+            "enp175s0f1",
+            &[
+                FakeVf::netdev("0000:af:06.0", "enp175s6"),
+                FakeVf::netdev("0000:af:06.1", "enp175s7"),
+                FakeVf::userspace("0000:af:06.2", "vfio-pci"),
+                FakeVf::userspace("0000:af:06.3", "ixgbevf-unbound"),
+            ],
+        )
         .unwrap();
         fake.add_pf("0000:05:00.0", "ens1", &[]).unwrap();
         let s = Sysfs::new(dir.path());
@@ -284,7 +291,10 @@ mod tests {
     fn errors_name_the_vf() {
         let (_d, s) = tree();
         let e = s.find_vf("0000:99:00.0").unwrap_err().to_string();
-        assert!(e.contains("0000:99:00.0") && e.contains("no PCI device"), "{e}");
+        assert!(
+            e.contains("0000:99:00.0") && e.contains("no PCI device"),
+            "{e}"
+        );
         let e = s.find_vf("0000:05:00.0").unwrap_err().to_string();
         assert!(e.contains("not an SR-IOV VF"), "{e}");
     }

@@ -41,13 +41,19 @@ fn vlan_with_proto_and_qos_uses_vlan_list_with_16_byte_info() {
         proto: VlanProto::Dot1Ad,
     };
     let (buf, info) = single_vf_info(set_vf_request(7, 3, &s));
-    let VfInfo::VlanList(l) = info else { panic!("{info:?}") };
+    let VfInfo::VlanList(l) = info else {
+        panic!("{info:?}")
+    };
     assert_eq!(l.len(), 1);
-    let VfVlan::Info(v) = &l[0] else { panic!("{l:?}") };
+    let VfVlan::Info(v) = &l[0] else {
+        panic!("{l:?}")
+    };
     assert_eq!((v.vf_id, v.vlan_id, v.qos), (3, 100, 5));
     assert_eq!(v.protocol, VlanProtocol::Ieee8021Ad);
     // Raw bytes: IFLA_VF_VLAN_INFO nla = 4-byte header + 16-byte payload, proto big-endian.
-    let needle = [20u8, 0, 1, 0, 3, 0, 0, 0, 100, 0, 0, 0, 5, 0, 0, 0, 0x88, 0xa8];
+    let needle = [
+        20u8, 0, 1, 0, 3, 0, 0, 0, 100, 0, 0, 0, 5, 0, 0, 0, 0x88, 0xa8,
+    ];
     assert!(
         buf.windows(needle.len()).any(|w| w == needle),
         "VLAN_INFO not 16 bytes with big-endian 802.1ad: {buf:02x?}"
@@ -63,24 +69,35 @@ fn vlan_with_proto_and_qos_uses_vlan_list_with_16_byte_info() {
     ));
     let VfInfo::VlanList(l) = info else { panic!() };
     let VfVlan::Info(v) = &l[0] else { panic!() };
-    assert_eq!((v.vf_id, v.vlan_id, v.qos, v.protocol), (0, 0, 0, VlanProtocol::Ieee8021Q));
+    assert_eq!(
+        (v.vf_id, v.vlan_id, v.qos, v.protocol),
+        (0, 0, 0, VlanProtocol::Ieee8021Q)
+    );
 }
 
 #[test]
 fn mac_rate_spoofchk_trust_link_state_round_trip() {
     let mac: MacAddr = "02:aa:bb:cc:dd:ee".parse().unwrap();
     let (_, info) = single_vf_info(set_vf_request(7, 2, &VfSetting::Mac(mac)));
-    let VfInfo::Mac(m) = info else { panic!("{info:?}") };
+    let VfInfo::Mac(m) = info else {
+        panic!("{info:?}")
+    };
     assert_eq!(m.vf_id, 2);
     assert_eq!(&m.mac[..6], &mac.0);
     assert!(m.mac[6..].iter().all(|b| *b == 0));
 
-    let (_, info) = single_vf_info(set_vf_request(7, 2, &VfSetting::Rate { min: 10, max: 1000 }));
+    let (_, info) = single_vf_info(set_vf_request(
+        7,
+        2,
+        &VfSetting::Rate { min: 10, max: 1000 },
+    ));
     assert_eq!(info, VfInfo::Rate(VfInfoRate::new(2, 10, 1000)));
 
     for on in [true, false] {
         let (_, info) = single_vf_info(set_vf_request(7, 4, &VfSetting::SpoofChk(on)));
-        let VfInfo::SpoofCheck(s) = info else { panic!() };
+        let VfInfo::SpoofCheck(s) = info else {
+            panic!()
+        };
         assert_eq!((s.vf_id, s.enabled), (4, on));
         let (_, info) = single_vf_info(set_vf_request(7, 4, &VfSetting::Trust(on)));
         let VfInfo::Trust(t) = info else { panic!() };
@@ -100,7 +117,9 @@ fn mac_rate_spoofchk_trust_link_state_round_trip() {
 #[test]
 fn get_request_asks_for_vf_info() {
     let (_, back) = round_trip(get_vfs_request("enp175s0f1"));
-    let RouteNetlinkMessage::GetLink(m) = back else { panic!("{back:?}") };
+    let RouteNetlinkMessage::GetLink(m) = back else {
+        panic!("{back:?}")
+    };
     assert!(m
         .attributes
         .contains(&LinkAttribute::IfName("enp175s0f1".into())));
@@ -133,7 +152,9 @@ fn reply_with_vf_table_parses_into_vf_config_by_vf_id() {
         vf(0, &[0; 6], 0, VlanProtocol::Ieee8021Q),
     ]));
     let (_, back) = round_trip(RouteNetlinkMessage::NewLink(m));
-    let RouteNetlinkMessage::NewLink(m) = back else { panic!() };
+    let RouteNetlinkMessage::NewLink(m) = back else {
+        panic!()
+    };
     let c = parse_vf(&m, 1).unwrap();
     assert_eq!(
         c,

@@ -1,0 +1,519 @@
+//! ADD: validate and look everything up, save the original state, then apply with an undo stack.
+
+use std::fs::File;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use plexus_conf::result::{CniResult, Interface};
+use plexus_delegates::ipam;
+use plexus_delegates::netns::NetNs;
+use plexus_delegates::skel::CmdArgs;
+
+use crate::ctx::Ctx;
+use crate::error::SriovError;
+use crate::netconf::NetConf;
+use crate::nl::{Addr, Link, Netlink, Route};
+use crate::pf::MacAddr;
+use crate::restore::{self, PfField};
+use crate::sysfs::VfMode;
+use crate::vf_state::{Allocation, Applied, NetdevOrig, VfState};
+
+/// How often and how long to re-read the admin MAC after setting it (i40e/iavf apply it
+/// asynchronously; sriov-cni retries 20 x 100 ms).
+const MAC_VERIFY_TRIES: u32 = 20;
+const MAC_VERIFY_PAUSE: Duration = Duration::from_millis(100);
+
+/// An applied step and how to undo it.
+#[derive(Debug)]
+enum Undo {
+    /// Remove the state file written before any change.
+    RemoveState,
+    /// Restore one PF-side field.
+    Pf(PfField),
+    /// Move the netdev back to the host under its original name.
+    NetdevBack,
+    /// Release the IPAM allocation.
+    IpamDel,
+}
+
+struct Adder<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    args: &'c CmdArgs,
+    conf: &'c NetConf,
+    st: VfState,
+    undo: Vec<Undo>,
+    host: Option<Netlink>,
+    pod: Option<Netlink>,
+    pod_ns: Option<NetNs>,
+    host_fd: Option<File>,
+    pod_fd: Option<File>,
+    /// Index of the VF netdev inside the pod.
+    pod_index: u32,
+}
+
+fn open_file(p: &Path, what: &'static str) -> Result<File, SriovError> {
+    File::open(p).map_err(|e| SriovError::io(what, p, e))
+}
+
+fn ns_err(e: plexus_delegates::netns::NetNsError) -> SriovError {
+    SriovError::Other(e.to_string())
+}
+
+/// Runs ADD. On failure everything applied is undone and the error names the VF, the step and
+/// the cause (plus any undo that failed in turn).
+pub fn add(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<CniResult, SriovError> {
+    let vf_pci = conf
+        .device_id
+        .clone()
+        .ok_or_else(|| SriovError::Config("deviceID (VF PCI address) is required".into()))?;
+    let mut loc = ctx.sysfs.find_vf(&vf_pci)?;
+    let _lock = ctx.store.lock_vf(&vf_pci)?;
+
+    // Ownership. The state file is keyed by (container, ifname); the allocation by VF.
+    if ctx.store.load(&args.container_id, &args.ifname)?.is_some() {
+        return Err(SriovError::AlreadyAttached {
+            vf: vf_pci,
+            container: args.container_id.clone(),
+            ifname: args.ifname.clone(),
+        });
+    }
+    if let Some(a) = ctx.store.allocation(&vf_pci)? {
+        if a.container_id == args.container_id && a.ifname == args.ifname {
+            return Err(SriovError::AlreadyAttached {
+                vf: vf_pci,
+                container: a.container_id,
+                ifname: a.ifname,
+            });
+        }
+        if !a.netns.is_empty() && NetNs::open(&a.netns).is_ok() {
+            return Err(SriovError::Busy {
+                vf: vf_pci,
+                owner: a.container_id,
+                ifname: a.ifname,
+                netns: a.netns,
+            });
+        }
+        // The previous holder's netns is gone and its DEL never ran: restore the VF from its
+        // state first, so this ADD saves the true original state (not `devN` and its config).
+        tracing::warn!(vf = %vf_pci, owner = %a.container_id, "taking over VF from a dead netns");
+        if let Some(old) = ctx.store.load(&a.container_id, &a.ifname)? {
+            crate::del::release_vf(ctx, &old, None)?;
+            ctx.store.remove(&old.container_id, &old.ifname)?;
+        }
+        ctx.store.clear_allocation(&vf_pci)?;
+        loc = ctx.sysfs.find_vf(&vf_pci)?;
+    }
+    let mode = loc.mode()?;
+
+    let applied = Applied {
+        vlan: conf.vlan.is_some(),
+        mac: conf.mac.is_some(),
+        rate: conf.rate.is_some(),
+        spoofchk: conf.spoofchk.is_some(),
+        trust: conf.trust.is_some(),
+        link_state: conf.link_state.is_some(),
+    };
+    let orig_pf = ctx
+        .pf
+        .get_vf(&loc.pf_netdev, loc.vf_index)
+        .map_err(|e| SriovError::from(e).at_step(&vf_pci, "read PF VF config"))?;
+    let mut a = Adder {
+        ctx,
+        args,
+        conf,
+        st: VfState {
+            container_id: args.container_id.clone(),
+            ifname: args.ifname.clone(),
+            netns: args.netns.clone(),
+            vf_pci: vf_pci.clone(),
+            pf: loc.pf_netdev.clone(),
+            vf_index: loc.vf_index,
+            userspace_driver: match &mode {
+                VfMode::Userspace(d) => Some(d.clone()),
+                VfMode::Netdev(_) => None,
+            },
+            orig_pf,
+            applied,
+            orig_netdev: None,
+            ipam_type: conf.ipam_type.clone(),
+            config: serde_json::from_slice(&args.stdin).unwrap_or(serde_json::Value::Null),
+            complete: false,
+        },
+        undo: Vec::new(),
+        host: None,
+        pod: None,
+        pod_ns: None,
+        host_fd: None,
+        pod_fd: None,
+        pod_index: 0,
+    };
+    match a.run(&mode) {
+        Ok(r) => Ok(r),
+        Err((step, e)) => Err(a.rollback(step, e)),
+    }
+}
+
+type StepResult<T> = Result<T, (String, SriovError)>;
+
+fn at<T>(step: &str, r: Result<T, SriovError>) -> StepResult<T> {
+    r.map_err(|e| (step.to_string(), e))
+}
+
+impl Adder<'_, '_> {
+    fn run(&mut self, mode: &VfMode) -> StepResult<CniResult> {
+        let netdev = match mode {
+            VfMode::Netdev(name) => Some(at("prepare netdev", self.prepare_netdev(name))?),
+            VfMode::Userspace(_) => None,
+        };
+        // Save the original state before the first change (sriov-cni writes it at the end, so
+        // a failed or interrupted ADD could not be undone: #119, #212).
+        at("save VF state", self.ctx.store.save(&self.st))?;
+        self.undo.push(Undo::RemoveState);
+        self.apply_pf()?;
+
+        let mut result = CniResult {
+            cni_version: self.conf.cni_version.clone(),
+            ..CniResult::default()
+        };
+        let mut iface = Interface {
+            name: self.args.ifname.clone(),
+            sandbox: self.args.netns.clone(),
+            pci_id: self.st.vf_pci.clone(),
+            ..Interface::default()
+        };
+        if let Some(link) = &netdev {
+            let l = self.attach_netdev(link)?;
+            iface.mac = MacAddr(mac6(&l.mac)).to_string();
+            iface.mtu = Some(l.mtu);
+        } else {
+            // DPDK: report the admin MAC when set (sriov-cni), no MTU (no netdev).
+            let mac = self.conf.mac.unwrap_or(self.st.orig_pf.mac);
+            if !mac.is_zero() {
+                iface.mac = mac.to_string();
+            }
+        }
+        if let Some(t) = self.conf.ipam_type.clone() {
+            let r = at(
+                "IPAM ADD",
+                ipam::add(&t, self.args, &self.args.stdin, &self.conf.cni_version)
+                    .map_err(SriovError::Ipam),
+            )?;
+            self.undo.push(Undo::IpamDel);
+            result.ips = r.ips;
+            result.routes = r.routes;
+            result.dns = r.dns;
+            for ip in &mut result.ips {
+                ip.interface = Some(0);
+            }
+            if netdev.is_some() {
+                at("configure addresses and routes", self.configure_ip(&result))?;
+            }
+        }
+        result.interfaces = vec![iface];
+
+        self.st.complete = true;
+        at("save VF state", self.ctx.store.save(&self.st))?;
+        at(
+            "record allocation",
+            self.ctx.store.set_allocation(
+                &self.st.vf_pci,
+                &Allocation {
+                    container_id: self.st.container_id.clone(),
+                    ifname: self.st.ifname.clone(),
+                    netns: self.st.netns.clone(),
+                },
+            ),
+        )?;
+        if netdev.is_some() && !result.ips.is_empty() {
+            self.announce(&result);
+        }
+        Ok(result)
+    }
+
+    /// Opens both netlink handles, checks the pod ifname is free and records the netdev's
+    /// original name, MAC, MTU and index.
+    fn prepare_netdev(&mut self, name: &str) -> Result<Link, SriovError> {
+        let pod_ns = NetNs::open(&self.args.netns).map_err(ns_err)?;
+        self.pod_fd = Some(open_file(Path::new(&self.args.netns), "open pod netns")?);
+        self.host_fd = Some(open_file(
+            Path::new("/proc/thread-self/ns/net"),
+            "open host netns",
+        )?);
+        let mut host = Netlink::open()?;
+        let mut pod = pod_ns.run(Netlink::open).map_err(ns_err)??;
+        let link = host.link_by_name(name)?.ok_or_else(|| {
+            SriovError::Other(format!(
+                "VF netdev {name} is not in this (host) network namespace; is the VF in use elsewhere?"
+            ))
+        })?;
+        if pod.link_by_name(&self.args.ifname)?.is_some() {
+            return Err(SriovError::Other(format!(
+                "interface {} already exists in {}",
+                self.args.ifname, self.args.netns
+            )));
+        }
+        self.st.orig_netdev = Some(NetdevOrig {
+            name: link.name.clone(),
+            mac: MacAddr(mac6(&link.mac)),
+            mtu: link.mtu,
+            ifindex: link.index,
+        });
+        self.host = Some(host);
+        self.pod = Some(pod);
+        self.pod_ns = Some(pod_ns);
+        Ok(link)
+    }
+
+    /// PF-side settings in sriov-cni's order: VLAN, MAC, rate, spoofchk, trust, link state.
+    fn apply_pf(&mut self) -> StepResult<()> {
+        let (pf, vf, c) = (self.st.pf.clone(), self.st.vf_index, self.conf);
+        let p = self.ctx.pf;
+        if let Some(v) = c.vlan {
+            at(
+                "set VF vlan",
+                p.set_vf_vlan(&pf, vf, v.id, v.qos, v.proto)
+                    .map_err(Into::into),
+            )?;
+            self.undo.push(Undo::Pf(PfField::Vlan));
+        }
+        if let Some(mac) = c.mac {
+            at(
+                "set VF admin MAC",
+                p.set_vf_mac(&pf, vf, mac).map_err(Into::into),
+            )?;
+            self.undo.push(Undo::Pf(PfField::Mac));
+            at("verify VF admin MAC", self.verify_admin_mac(mac))?;
+        }
+        if let Some(r) = c.rate {
+            at(
+                "set VF tx rate",
+                p.set_vf_rate(&pf, vf, r.min, r.max).map_err(Into::into),
+            )?;
+            self.undo.push(Undo::Pf(PfField::Rate));
+        }
+        if let Some(on) = c.spoofchk {
+            at(
+                "set VF spoofchk",
+                p.set_vf_spoofchk(&pf, vf, on).map_err(Into::into),
+            )?;
+            self.undo.push(Undo::Pf(PfField::SpoofChk));
+        }
+        if let Some(on) = c.trust {
+            at(
+                "set VF trust",
+                p.set_vf_trust(&pf, vf, on).map_err(Into::into),
+            )?;
+            self.undo.push(Undo::Pf(PfField::Trust));
+        }
+        if let Some(s) = c.link_state {
+            at(
+                "set VF link state",
+                p.set_vf_link_state(&pf, vf, s).map_err(Into::into),
+            )?;
+            self.undo.push(Undo::Pf(PfField::LinkState));
+        }
+        Ok(())
+    }
+
+    fn verify_admin_mac(&self, want: MacAddr) -> Result<(), SriovError> {
+        let mut last = MacAddr::default();
+        for i in 0..MAC_VERIFY_TRIES {
+            last = self.ctx.pf.get_vf(&self.st.pf, self.st.vf_index)?.mac;
+            if last == want {
+                return Ok(());
+            }
+            if i + 1 < MAC_VERIFY_TRIES {
+                std::thread::sleep(MAC_VERIFY_PAUSE);
+            }
+        }
+        Err(SriovError::Other(format!(
+            "PF reports admin MAC {last}, want {want}"
+        )))
+    }
+
+    /// Moves the netdev into the pod as CNI_IFNAME, sets MAC/MTU, enables notifications and
+    /// brings it up. Returns the link as seen in the pod.
+    fn attach_netdev(&mut self, link: &Link) -> StepResult<Link> {
+        let (Some(host), Some(pod_fd)) = (self.host.as_mut(), self.pod_fd.as_ref()) else {
+            return Err((
+                "attach netdev".into(),
+                SriovError::Other("netdev not prepared".into()),
+            ));
+        };
+        at(
+            "set netdev down",
+            host.set_up(link.index, false).map_err(Into::into),
+        )?;
+        at(
+            "move netdev into pod netns",
+            host.set_netns(link.index, pod_fd, Some(&self.args.ifname))
+                .map_err(Into::into),
+        )?;
+        self.undo.push(Undo::NetdevBack);
+        let ifname = self.args.ifname.clone();
+        let Some(pod) = self.pod.as_mut() else {
+            return Err((
+                "attach netdev".into(),
+                SriovError::Other("no pod handle".into()),
+            ));
+        };
+        let l = at(
+            "find netdev in pod",
+            pod.link_by_name(&ifname).map_err(Into::into),
+        )?
+        .ok_or_else(|| {
+            (
+                "find netdev in pod".to_string(),
+                SriovError::Other(format!("{ifname} not found after the move")),
+            )
+        })?;
+        self.pod_index = l.index;
+        if let Some(mac) = self.conf.mac {
+            at(
+                "set netdev MAC",
+                pod.set_mac(l.index, &mac.0).map_err(Into::into),
+            )?;
+        }
+        if let Some(mtu) = self.conf.mtu {
+            at(
+                "set netdev MTU",
+                pod.set_mtu(l.index, mtu).map_err(Into::into),
+            )?;
+        }
+        if let Some(ns) = &self.pod_ns {
+            // Best effort, as sriov-cni: the kernel sends GARP/NA on link-up and MAC changes.
+            let _ = ns.run(|| crate::garp::enable_notify(&ifname));
+        }
+        at(
+            "set netdev up",
+            pod.set_up(l.index, true).map_err(Into::into),
+        )?;
+        let l = at(
+            "read netdev in pod",
+            pod.link_by_index(l.index).map_err(Into::into),
+        )?
+        .unwrap_or(l);
+        Ok(l)
+    }
+
+    fn configure_ip(&mut self, r: &CniResult) -> Result<(), SriovError> {
+        let idx = self.pod_index;
+        let pod = self
+            .pod
+            .as_mut()
+            .ok_or_else(|| SriovError::Other("no pod handle".into()))?;
+        let mut gws: Vec<IpAddr> = Vec::new();
+        for ip in &r.ips {
+            let a = parse_cidr(&ip.address)?;
+            pod.add_address(idx, a)?;
+            if let Some(gw) = &ip.gateway {
+                gws.push(parse_ip(gw)?);
+            }
+        }
+        for rt in &r.routes {
+            let d = parse_cidr(&rt.dst)?;
+            let gw = match &rt.gw {
+                Some(g) => Some(parse_ip(g)?),
+                // libcni ConfigureIface: a route without gw uses the IP config's gateway of the
+                // same family.
+                None => gws.iter().copied().find(|g| g.is_ipv4() == d.ip.is_ipv4()),
+            };
+            pod.add_route(
+                idx,
+                Route {
+                    dst: d.ip,
+                    prefix: d.prefix,
+                    gw,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn announce(&self, r: &CniResult) {
+        let Some(ns) = &self.pod_ns else { return };
+        let ips: Vec<IpAddr> = r
+            .ips
+            .iter()
+            .filter_map(|i| parse_cidr(&i.address).ok().map(|a| a.ip))
+            .collect();
+        let ifname = self.args.ifname.clone();
+        let idx = self.pod_index;
+        match ns.run(|| crate::garp::announce(&ifname, idx, &ips)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "gratuitous ARP / unsolicited NA failed"),
+            Err(e) => tracing::warn!(error = %e, "gratuitous ARP / unsolicited NA failed"),
+        }
+    }
+
+    /// Unwinds the undo stack in reverse and builds the final error.
+    fn rollback(mut self, step: String, cause: SriovError) -> SriovError {
+        let mut failed = Vec::new();
+        while let Some(u) = self.undo.pop() {
+            if let Err(e) = self.undo_one(&u) {
+                tracing::error!(?u, error = %e, "rollback step failed");
+                failed.push(format!("undo {u:?}: {e}"));
+            }
+        }
+        SriovError::Step {
+            vf: self.st.vf_pci.clone(),
+            step,
+            source: Box::new(cause),
+            rollback: failed,
+        }
+    }
+
+    fn undo_one(&mut self, u: &Undo) -> Result<(), SriovError> {
+        match u {
+            Undo::RemoveState => self
+                .ctx
+                .store
+                .remove(&self.st.container_id, &self.st.ifname),
+            Undo::Pf(f) => restore::restore_pf_field(self.ctx.pf, &self.st, *f),
+            Undo::IpamDel => match &self.conf.ipam_type {
+                Some(t) => ipam::del(t, self.args, &self.args.stdin).map_err(SriovError::Ipam),
+                None => Ok(()),
+            },
+            Undo::NetdevBack => {
+                let (Some(pod), Some(host_fd), Some(orig)) = (
+                    self.pod.as_mut(),
+                    self.host_fd.as_ref(),
+                    self.st.orig_netdev.as_ref(),
+                ) else {
+                    return Err(SriovError::Other("netdev state missing".into()));
+                };
+                let link = pod
+                    .link_by_name(&self.args.ifname)?
+                    .ok_or_else(|| SriovError::Other(format!("{} not in pod", self.args.ifname)))?;
+                restore::move_back(pod, &link, host_fd, orig)
+            }
+        }
+    }
+}
+
+/// The first 6 bytes of a link-layer address (zero-padded).
+pub fn mac6(b: &[u8]) -> [u8; 6] {
+    let mut m = [0u8; 6];
+    for (d, s) in m.iter_mut().zip(b) {
+        *d = *s;
+    }
+    m
+}
+
+/// Parses `ip/prefix`.
+pub fn parse_cidr(s: &str) -> Result<Addr, SriovError> {
+    let bad = || SriovError::Other(format!("invalid CIDR {s:?} in IPAM result"));
+    let (ip, p) = s.split_once('/').ok_or_else(bad)?;
+    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+    let prefix: u8 = p.parse().map_err(|_| bad())?;
+    if prefix > if ip.is_ipv4() { 32 } else { 128 } {
+        return Err(bad());
+    }
+    Ok(Addr { ip, prefix })
+}
+
+fn parse_ip(s: &str) -> Result<IpAddr, SriovError> {
+    s.parse()
+        .map_err(|_| SriovError::Other(format!("invalid IP {s:?} in IPAM result")))
+}

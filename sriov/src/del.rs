@@ -1,0 +1,134 @@
+//! DEL: release IPAM, restore the VF from the saved state, run to the end, and keep the state
+//! file when something could not be restored so a retried DEL can finish the job.
+
+use std::fs::File;
+use std::path::Path;
+
+use plexus_delegates::ipam;
+use plexus_delegates::netns::NetNs;
+use plexus_delegates::skel::CmdArgs;
+
+use crate::ctx::Ctx;
+use crate::error::SriovError;
+use crate::netconf::NetConf;
+use crate::nl::Netlink;
+use crate::restore;
+use crate::vf_state::{NetdevOrig, VfState};
+
+fn combine(mut errs: Vec<SriovError>) -> Result<(), SriovError> {
+    match errs.len() {
+        0 => Ok(()),
+        1 => Err(errs.remove(0)),
+        _ => Err(SriovError::Multi(errs)),
+    }
+}
+
+/// Runs DEL for (CNI_CONTAINERID, CNI_IFNAME).
+pub fn del(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<(), SriovError> {
+    let Some(st) = ctx.store.load(&args.container_id, &args.ifname)? else {
+        // Nothing attached (DEL without ADD, a repeated DEL, or a failed ADD that rolled back).
+        // Still release IPAM: sriov-cni skips it here and leaks the address (#178).
+        if let Some(t) = &conf.ipam_type {
+            ipam::del(t, args, &args.stdin).map_err(SriovError::Ipam)?;
+        }
+        return Ok(());
+    };
+    let _lock = ctx.store.lock_vf(&st.vf_pci)?;
+    let mut errs = Vec::new();
+    if let Some(t) = conf.ipam_type.as_ref().or(st.ipam_type.as_ref()) {
+        if let Err(e) = ipam::del(t, args, &args.stdin) {
+            errs.push(SriovError::Ipam(e));
+        }
+    }
+    release_if_owner(ctx, &st, Some(&args.netns), &mut errs);
+    if errs.is_empty() {
+        ctx.store.remove(&st.container_id, &st.ifname)?;
+    }
+    combine(errs)
+}
+
+/// Restores the VF of `st` unless the allocation record says another attachment holds it now
+/// (then only our record goes; touching the VF would break the new holder, sriov-cni #219).
+pub(crate) fn release_if_owner(
+    ctx: &Ctx<'_>,
+    st: &VfState,
+    netns_hint: Option<&str>,
+    errs: &mut Vec<SriovError>,
+) {
+    let owner = match ctx.store.allocation(&st.vf_pci) {
+        Ok(o) => o,
+        Err(e) => {
+            errs.push(e);
+            return;
+        }
+    };
+    if let Some(a) = &owner {
+        if a.container_id != st.container_id || a.ifname != st.ifname {
+            tracing::warn!(vf = %st.vf_pci, holder = %a.container_id,
+                "VF is held by another attachment now; leaving it alone");
+            return;
+        }
+    }
+    match release_vf(ctx, st, netns_hint) {
+        Ok(()) => {
+            if owner.is_some() {
+                if let Err(e) = ctx.store.clear_allocation(&st.vf_pci) {
+                    errs.push(e);
+                }
+            }
+        }
+        Err(e) => errs.push(e),
+    }
+}
+
+/// Restores PF-side settings and returns the netdev to the host under its original name.
+pub fn release_vf(ctx: &Ctx<'_>, st: &VfState, netns_hint: Option<&str>) -> Result<(), SriovError> {
+    // PF side first: some drivers refuse netdev MAC changes while trust is off (sriov-cni).
+    let mut errs = restore::restore_pf(ctx.pf, st);
+    if let Some(orig) = &st.orig_netdev {
+        if let Err(e) = netdev_home(ctx, st, orig, netns_hint) {
+            errs.push(e.at_step(&st.vf_pci, "return netdev to host"));
+        }
+    }
+    combine(errs)
+}
+
+fn netdev_home(
+    ctx: &Ctx<'_>,
+    st: &VfState,
+    orig: &NetdevOrig,
+    netns_hint: Option<&str>,
+) -> Result<(), SriovError> {
+    let host_path = Path::new("/proc/thread-self/ns/net");
+    let host_fd =
+        File::open(host_path).map_err(|e| SriovError::io("open host netns", host_path, e))?;
+    let mut host = Netlink::open()?;
+    let mut candidates: Vec<&str> = Vec::new();
+    for p in [netns_hint.unwrap_or(""), st.netns.as_str()] {
+        if !p.is_empty() && !candidates.contains(&p) {
+            candidates.push(p);
+        }
+    }
+    for path in candidates {
+        // A missing netns is expected (pod already gone): the kernel has then returned the VF
+        // to the host as dev<ifindex>, handled below.
+        let Ok(ns) = NetNs::open(path) else { continue };
+        let mut pod = ns
+            .run(Netlink::open)
+            .map_err(|e| SriovError::Other(e.to_string()))??;
+        if let Some(l) = pod.link_by_name(&st.ifname)? {
+            restore::move_back(&mut pod, &l, &host_fd, orig)?;
+            break;
+        }
+    }
+    let names = ctx.sysfs.vf_netdevs(&st.vf_pci).unwrap_or_default();
+    match restore::find_in_host(&mut host, &names, orig)? {
+        Some(l) => restore::restore_in_host(&mut host, &l, orig),
+        None => {
+            // Not in the pod and not in the host: nothing we can restore (e.g. the driver was
+            // unbound). Reported as a warning, not an error, so DEL does not loop forever.
+            tracing::warn!(vf = %st.vf_pci, name = %orig.name, "VF netdev not found anywhere");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Putting a VF back the way it was: PF-side settings and the VF netdev (shared by ADD's
+//! rollback, DEL and GC).
+
+use std::fs::File;
+
+use crate::error::SriovError;
+use crate::nl::{Link, Netlink};
+use crate::pf::PfVfConfig;
+use crate::vf_state::{Applied, NetdevOrig, VfState};
+
+/// One PF-side setting, for restore and rollback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PfField {
+    /// VLAN / QoS / proto.
+    Vlan,
+    /// Admin MAC.
+    Mac,
+    /// Rates.
+    Rate,
+    /// Spoof check.
+    SpoofChk,
+    /// Trust.
+    Trust,
+    /// Link state.
+    LinkState,
+}
+
+impl PfField {
+    /// The fields `applied` marks, in the order DEL restores them. sriov-cni resets before
+    /// releasing the netdev and restores trust after the MAC because some drivers refuse a MAC
+    /// change on an untrusted VF.
+    pub fn restore_order(applied: &Applied) -> Vec<PfField> {
+        let mut v = Vec::new();
+        if applied.vlan {
+            v.push(PfField::Vlan);
+        }
+        if applied.spoofchk {
+            v.push(PfField::SpoofChk);
+        }
+        // The admin MAC is always restored (sriov-cni #214: DPDK apps set it themselves).
+        v.push(PfField::Mac);
+        if applied.trust {
+            v.push(PfField::Trust);
+        }
+        if applied.rate {
+            v.push(PfField::Rate);
+        }
+        if applied.link_state {
+            v.push(PfField::LinkState);
+        }
+        v
+    }
+}
+
+/// Sets `field` of the VF back to its value in `st.orig_pf`.
+pub fn restore_pf_field(
+    pf: &dyn PfVfConfig,
+    st: &VfState,
+    field: PfField,
+) -> Result<(), SriovError> {
+    let o = &st.orig_pf;
+    let (p, vf) = (st.pf.as_str(), st.vf_index);
+    match field {
+        PfField::Vlan => pf.set_vf_vlan(p, vf, o.vlan, o.qos, o.proto)?,
+        PfField::Mac => pf.set_vf_mac(p, vf, o.mac)?,
+        PfField::Rate => pf.set_vf_rate(p, vf, o.min_tx_rate, o.max_tx_rate)?,
+        PfField::SpoofChk => pf.set_vf_spoofchk(p, vf, o.spoofchk)?,
+        PfField::Trust => pf.set_vf_trust(p, vf, o.trust)?,
+        PfField::LinkState => pf.set_vf_link_state(p, vf, o.link_state)?,
+    }
+    Ok(())
+}
+
+/// Restores every PF-side field ADD changed (plus the admin MAC), skipping fields that already
+/// have their original value. Runs to the end and returns all errors.
+pub fn restore_pf(pf: &dyn PfVfConfig, st: &VfState) -> Vec<SriovError> {
+    let mut errs = Vec::new();
+    let current = match pf.get_vf(&st.pf, st.vf_index) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            errs.push(SriovError::from(e).at_step(&st.vf_pci, "read PF VF config"));
+            None
+        }
+    };
+    for f in PfField::restore_order(&st.applied) {
+        if let Some(c) = &current {
+            let o = &st.orig_pf;
+            let same = match f {
+                PfField::Vlan => (c.vlan, c.qos, c.proto) == (o.vlan, o.qos, o.proto),
+                PfField::Mac => c.mac == o.mac,
+                PfField::Rate => (c.min_tx_rate, c.max_tx_rate) == (o.min_tx_rate, o.max_tx_rate),
+                PfField::SpoofChk => c.spoofchk == o.spoofchk,
+                PfField::Trust => c.trust == o.trust,
+                PfField::LinkState => c.link_state == o.link_state,
+            };
+            if same {
+                continue;
+            }
+        }
+        if let Err(e) = restore_pf_field(pf, st, f) {
+            errs.push(e.at_step(&st.vf_pci, format!("restore {f:?}")));
+        }
+    }
+    errs
+}
+
+/// Restores name, MAC and MTU of a VF netdev that is in the host netns (down while renaming).
+pub fn restore_in_host(
+    host: &mut Netlink,
+    link: &Link,
+    orig: &NetdevOrig,
+) -> Result<(), SriovError> {
+    if link.name != orig.name {
+        host.set_up(link.index, false)?;
+        host.set_name(link.index, &orig.name)?;
+    }
+    if link.mac != orig.mac.0 {
+        host.set_mac(link.index, &orig.mac.0)?;
+    }
+    if link.mtu != orig.mtu && orig.mtu != 0 {
+        host.set_mtu(link.index, orig.mtu)?;
+    }
+    Ok(())
+}
+
+/// Moves the VF netdev `link` (in the pod netns served by `pod`) back to the host netns `host_ns`
+/// under its original name, restoring MAC and MTU first.
+pub fn move_back(
+    pod: &mut Netlink,
+    link: &Link,
+    host_ns: &File,
+    orig: &NetdevOrig,
+) -> Result<(), SriovError> {
+    pod.set_up(link.index, false)?;
+    if link.mac != orig.mac.0 {
+        pod.set_mac(link.index, &orig.mac.0)?;
+    }
+    if link.mtu != orig.mtu && orig.mtu != 0 {
+        pod.set_mtu(link.index, orig.mtu)?;
+    }
+    // Rename and move in one request: the pod ifname may be taken in the host, the original
+    // name is free there (the VF had it).
+    pod.set_netns(link.index, host_ns, Some(&orig.name))?;
+    Ok(())
+}
+
+/// Finds a VF netdev that is in the host netns: by the names sysfs shows for the PCI address,
+/// else by the saved ifindex when the link there is called `dev<ifindex>` (the kernel's name for
+/// a physical netdev returned from a destroyed netns) or has its original name.
+pub fn find_in_host(
+    host: &mut Netlink,
+    sysfs_names: &[String],
+    orig: &NetdevOrig,
+) -> Result<Option<Link>, SriovError> {
+    for n in sysfs_names {
+        if let Some(l) = host.link_by_name(n)? {
+            return Ok(Some(l));
+        }
+    }
+    if let Some(l) = host.link_by_index(orig.ifindex)? {
+        if l.name == orig.name || l.name == format!("dev{}", orig.ifindex) {
+            return Ok(Some(l));
+        }
+    }
+    Ok(None)
+}
