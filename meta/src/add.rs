@@ -1,0 +1,233 @@
+//! ADD: pod → plan → save plan → attach (undo on failure) → network-status + event → the default
+//! network's result.
+
+use crate::attach::{self, Attached};
+use crate::context::{wait_ready, Ctx};
+use crate::k8s::{EventType, KubeClient, PodRef};
+use crate::plan::PlannedAttachment;
+use crate::planner::{self, NadMap};
+use crate::pod::{PodIdentity, PodInfo};
+use crate::resolve::NadData;
+use crate::state::SavedPlan;
+use plexus_conf::args::CniArgs;
+use plexus_conf::error::{code, CniError};
+use plexus_conf::k8s::network_status::{statuses_from_result, to_annotation, NetworkStatus};
+use plexus_conf::version;
+use plexus_delegates::skel::{AddOutput, CmdArgs};
+
+/// Fetch the pod (bounded retry). `Ok(None)`: no API, no pod identity, or the pod is gone.
+pub fn fetch_pod(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    id: Option<&PodIdentity>,
+) -> Result<Option<PodInfo>, CniError> {
+    let (Some(client), Some(id)) = (client, id) else {
+        return Ok(None);
+    };
+    let policy = client.options().retry;
+    let uid = (!id.uid.is_empty()).then_some(id.uid.as_str());
+    let got = ctx.block_on(client.get_pod(&id.namespace, &id.name, uid, policy))?;
+    match got {
+        Ok(Some(pod)) => Ok(Some(PodInfo {
+            id: PodIdentity {
+                uid: pod.metadata.uid.clone().unwrap_or_else(|| id.uid.clone()),
+                ..id.clone()
+            },
+            annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        })),
+        Ok(None) => {
+            tracing::warn!(pod = %id.key(), "pod not found (deleted during ADD?): attaching the default network only");
+            Ok(None)
+        }
+        Err(e) => Err(CniError::new(
+            e.cni_code(),
+            format!("pod {}: cannot read the pod", id.key()),
+            e.to_string(),
+        )),
+    }
+}
+
+/// Fetch NADs concurrently into a map.
+pub fn fetch_nads(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    refs: &[(String, String)],
+    pod: &str,
+) -> Result<NadMap, CniError> {
+    let mut map = NadMap::new();
+    if refs.is_empty() {
+        return Ok(map);
+    }
+    let Some(client) = client else {
+        // Static mode: NAD references resolve only through the confDir fallback.
+        return Ok(map);
+    };
+    let borrowed: Vec<(&str, &str)> = refs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let results = ctx.block_on(client.get_nads(&borrowed))?;
+    for (rf, res) in refs.iter().zip(results) {
+        match res {
+            Ok(nad) => {
+                map.insert(
+                    rf.clone(),
+                    nad.map(|n| NadData {
+                        config: n.config().unwrap_or_default().to_string(),
+                    }),
+                );
+            }
+            Err(e) => {
+                return Err(CniError::new(
+                    e.cni_code(),
+                    format!(
+                        "{pod}, network {}/{}: cannot read the NetworkAttachmentDefinition",
+                        rf.0, rf.1
+                    ),
+                    e.to_string(),
+                ))
+            }
+        }
+    }
+    Ok(map)
+}
+
+fn summary(plan: &[PlannedAttachment], done: &[Attached]) -> String {
+    done.iter()
+        .map(|d| {
+            let a = &plan[d.index];
+            let ips: Vec<&str> = d.result.ips.iter().map(|i| i.address.as_str()).collect();
+            format!("{} [{}] from {}", a.ifname, ips.join(","), a.network)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The network-status entries for a finished ADD.
+pub fn network_status(plan: &[PlannedAttachment], done: &[Attached]) -> Vec<NetworkStatus> {
+    done.iter()
+        .flat_map(|d| {
+            let a = &plan[d.index];
+            statuses_from_result(&a.network, &d.result, a.is_default, None)
+        })
+        .collect()
+}
+
+/// Run ADD.
+pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
+    let cni_args = CniArgs::parse(&args.args)?;
+    let id = PodIdentity::from_args(&cni_args);
+    wait_ready(&ctx.config)?;
+    let _lock = ctx.store.lock(&args.container_id)?;
+    let client = if id.is_some() { ctx.client()? } else { None };
+    let pod = fetch_pod(ctx, client.as_ref(), id.as_ref())?;
+    let label = id
+        .as_ref()
+        .map(|p| format!("pod {}", p.key()))
+        .unwrap_or_else(|| format!("container {}", args.container_id));
+    let requests = planner::requests(&ctx.config, pod.as_ref())?;
+    let refs = planner::nad_refs(
+        &requests,
+        pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
+    );
+    let nads = fetch_nads(ctx, client.as_ref(), &refs, &label)?;
+    let plan = planner::make_plan(
+        &ctx.config,
+        &args.ifname,
+        &cni_args,
+        pod.as_ref(),
+        &requests,
+        &nads,
+    )?;
+    ctx.store.save(&SavedPlan::new(
+        &args.container_id,
+        &args.ifname,
+        &args.netns,
+        id.clone(),
+        plan.clone(),
+    ))?;
+    let done = match attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = ctx.store.remove(&args.container_id, &args.ifname);
+            post_event(
+                ctx,
+                client.as_ref(),
+                pod.as_ref(),
+                EventType::Warning,
+                "AddInterfaceFailed",
+                &e.to_string(),
+            );
+            return Err(e);
+        }
+    };
+    if let (Some(client), Some(p)) = (client.as_ref(), pod.as_ref()) {
+        let status = to_annotation(&network_status(&plan, &done));
+        let res = ctx.block_on(client.set_network_status(
+            &p.id.namespace,
+            &p.id.name,
+            &p.id.uid,
+            &status,
+        ))?;
+        match res {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() || matches!(e, crate::k8s::K8sError::PodReplaced { .. }) => {
+                tracing::warn!(pod = %p.id.key(), error = %e, "network-status not written: the pod is gone");
+            }
+            Err(e) => {
+                // The attachments are fine but the pod would carry no status: undo and let the
+                // runtime retry rather than leave a pod that looks single-homed.
+                let _ =
+                    attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label);
+                let _ = ctx.store.remove(&args.container_id, &args.ifname);
+                return Err(CniError::new(
+                    e.cni_code(),
+                    format!("{label}: cannot write the network-status annotation"),
+                    e.to_string(),
+                ));
+            }
+        }
+    }
+    post_event(
+        ctx,
+        client.as_ref(),
+        pod.as_ref(),
+        EventType::Normal,
+        "AddedInterface",
+        &format!("Added {}", summary(&plan, &done)),
+    );
+    let default = done
+        .iter()
+        .find(|d| plan[d.index].is_default)
+        .ok_or_else(|| CniError::new(code::INTERNAL, "no default network result", ""))?;
+    let cni_version = if ctx.config.cni_version.is_empty() {
+        version::CURRENT.to_string()
+    } else {
+        ctx.config.cni_version.clone()
+    };
+    Ok(AddOutput {
+        result: default.result.clone(),
+        cni_version,
+    })
+}
+
+fn post_event(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    pod: Option<&PodInfo>,
+    t: EventType,
+    reason: &str,
+    msg: &str,
+) {
+    if !ctx.config.events {
+        return;
+    }
+    let (Some(client), Some(p)) = (client, pod) else {
+        return;
+    };
+    let r = PodRef {
+        ns: p.id.namespace.clone(),
+        name: p.id.name.clone(),
+        uid: p.id.uid.clone(),
+    };
+    if let Ok(Err(e)) = ctx.block_on(client.post_event(&r, t, reason, msg)) {
+        tracing::warn!(pod = %p.id.key(), error = %e, "event not posted");
+    }
+}

@@ -1,0 +1,88 @@
+//! DEL: undo everything from the plan saved at ADD, with no API request. Without a plan the
+//! plan is rebuilt from the API when reachable, else from the static config, and cleanup still
+//! runs. Repeated DELs succeed.
+
+use crate::add::{fetch_nads, fetch_pod};
+use crate::attach;
+use crate::context::Ctx;
+use crate::planner;
+use crate::pod::PodIdentity;
+use plexus_conf::args::CniArgs;
+use plexus_conf::error::CniError;
+use plexus_delegates::skel::CmdArgs;
+
+/// Run DEL.
+pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
+    let cni_args = CniArgs::parse(&args.args).unwrap_or_default();
+    let id = PodIdentity::from_args(&cni_args);
+    let label = id
+        .as_ref()
+        .map(|p| format!("pod {}", p.key()))
+        .unwrap_or_else(|| format!("container {}", args.container_id));
+    let _lock = ctx.store.lock(&args.container_id)?;
+    let saved = match ctx.store.load(&args.container_id, &args.ifname) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "unusable attachment plan; rebuilding it");
+            None
+        }
+    };
+    let plan = match saved {
+        Some(s) => s.attachments,
+        None => match rebuild(ctx, args, &cni_args, id.as_ref(), &label) {
+            Ok(p) => p,
+            Err(e) => {
+                // Nothing is known about this container's networks: nothing to undo.
+                tracing::warn!(error = %e, "no attachment plan and none can be rebuilt; nothing to delete");
+                return Ok(());
+            }
+        },
+    };
+    let res = attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label);
+    if res.is_ok() || !ctx.config.retry_delete_on_error {
+        ctx.store.remove(&args.container_id, &args.ifname)?;
+    }
+    res
+}
+
+/// Rebuild a plan without a saved one: from the pod and NADs if the API answers quickly, else
+/// from the static config only (the default network and static delegates).
+fn rebuild(
+    ctx: &mut Ctx,
+    args: &CmdArgs,
+    cni_args: &CniArgs,
+    id: Option<&PodIdentity>,
+    label: &str,
+) -> Result<Vec<crate::plan::PlannedAttachment>, CniError> {
+    tracing::info!(container = %args.container_id, "no saved plan: rebuilding it for DEL");
+    let client = if id.is_some() {
+        ctx.client().ok().flatten()
+    } else {
+        None
+    };
+    let pod = fetch_pod(ctx, client.as_ref(), id).ok().flatten();
+    let requests = planner::requests(&ctx.config, pod.as_ref()).unwrap_or_default();
+    let refs = planner::nad_refs(
+        &requests,
+        pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
+    );
+    let nads = fetch_nads(ctx, client.as_ref(), &refs, label).unwrap_or_default();
+    match planner::make_plan(
+        &ctx.config,
+        &args.ifname,
+        cni_args,
+        pod.as_ref(),
+        &requests,
+        &nads,
+    ) {
+        Ok(p) => Ok(p),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot rebuild the pod's extra networks; deleting the default network only");
+            let fallback = planner::Requests {
+                cluster: requests.cluster.clone(),
+                ..Default::default()
+            };
+            planner::make_plan(&ctx.config, &args.ifname, cni_args, None, &fallback, &nads)
+        }
+    }
+}

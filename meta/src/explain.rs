@@ -1,0 +1,186 @@
+//! `plexus explain`: offline, from a pod manifest, NAD manifests and a plexus config, print the
+//! attachment plan ADD would run (interface, network, exact delegate config) or the exact CNI
+//! error ADD would return. Manifests are JSON (`kubectl get -o json`); a `List` is accepted.
+
+use crate::planner::{self, NadMap};
+use crate::pod::{PodIdentity, PodInfo};
+use crate::resolve::NadData;
+use plexus_conf::args::CniArgs;
+use plexus_conf::error::CniError;
+use plexus_conf::plexus_config::PlexusConfig;
+use plexus_conf::version;
+use serde_json::{json, Value};
+
+const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname eth0]
+  Prints the attachment plan ADD would run for the pod, or the CNI error ADD would return.
+  Files are JSON manifests (kubectl get -o json); a List of objects is accepted for --nad.";
+
+fn read_json(path: &str) -> Result<Value, CniError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| CniError::new(5, format!("cannot read {path}"), e.to_string()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| CniError::decode(format!("{path} is not valid JSON"), e.to_string()))
+}
+
+fn objects(v: Value) -> Vec<Value> {
+    match v.get("items").and_then(Value::as_array) {
+        Some(items) => items.clone(),
+        None => vec![v],
+    }
+}
+
+fn meta_str(v: &Value, key: &str) -> String {
+    v.get("metadata")
+        .and_then(|m| m.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Compute the plan (or error) as JSON.
+pub fn explain(
+    config: &[u8],
+    pod: &Value,
+    nads: &[Value],
+    ifname: &str,
+) -> Result<Value, CniError> {
+    let cfg = PlexusConfig::parse(config)?;
+    let ns = {
+        let n = meta_str(pod, "namespace");
+        if n.is_empty() {
+            "default".to_string()
+        } else {
+            n
+        }
+    };
+    let info = PodInfo {
+        id: PodIdentity {
+            namespace: ns.clone(),
+            name: meta_str(pod, "name"),
+            uid: meta_str(pod, "uid"),
+            ..Default::default()
+        },
+        annotations: pod
+            .get("metadata")
+            .and_then(|m| m.get("annotations"))
+            .and_then(|a| serde_json::from_value(a.clone()).ok())
+            .unwrap_or_default(),
+    };
+    let mut map = NadMap::new();
+    for n in nads {
+        let nns = {
+            let x = meta_str(n, "namespace");
+            if x.is_empty() {
+                "default".to_string()
+            } else {
+                x
+            }
+        };
+        let config = n
+            .get("spec")
+            .and_then(|s| s.get("config"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        map.insert((nns, meta_str(n, "name")), Some(NadData { config }));
+    }
+    let requests = planner::requests(&cfg, Some(&info))?;
+    let args = CniArgs::parse(&format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
+        info.id.namespace, info.id.name
+    ))?;
+    let plan = planner::make_plan(&cfg, ifname, &args, Some(&info), &requests, &map)?;
+    let rt_path: Vec<String> = vec![cfg.bin_dir.clone()];
+    Ok(json!({
+        "pod": info.id.key(),
+        "binDir": rt_path,
+        "attachments": plan.iter().map(|a| {
+            let list = a.list().ok();
+            json!({
+                "interface": a.ifname,
+                "network": a.network,
+                "default": a.is_default,
+                "cniArgs": a.cni_args,
+                "capabilityArgs": a.capability_args,
+                "defaultRoute": a.default_route,
+                "dropDefaultRoutes": {"ipv4": a.filter_v4, "ipv6": a.filter_v6},
+                "delegates": list.map(|l| (0..l.plugins.len()).map(|i| {
+                    l.plugin_request(i, if l.cni_version.is_empty() { "0.1.0" } else { &l.cni_version }, &a.capability_args, None)
+                }).collect::<Vec<_>>()).unwrap_or_default(),
+            })
+        }).collect::<Vec<_>>(),
+    }))
+}
+
+/// CLI entry; returns the exit code.
+pub fn main(argv: &[String]) -> i32 {
+    let mut config = None;
+    let mut pod = None;
+    let mut nads = Vec::new();
+    let mut ifname = "eth0".to_string();
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned();
+        match a.as_str() {
+            "--config" => config = val(),
+            "--pod" => pod = val(),
+            "--nad" => nads.extend(val()),
+            "--ifname" => ifname = val().unwrap_or(ifname),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return 0;
+            }
+            other => {
+                eprintln!("unknown argument {other:?}\n{USAGE}");
+                return 2;
+            }
+        }
+    }
+    let (Some(config), Some(pod)) = (config, pod) else {
+        eprintln!("{USAGE}");
+        return 2;
+    };
+    let run = || -> Result<Value, CniError> {
+        let cfg = std::fs::read(&config)
+            .map_err(|e| CniError::new(5, format!("cannot read {config}"), e.to_string()))?;
+        let pod = read_json(&pod)?;
+        let mut all = Vec::new();
+        for n in &nads {
+            all.extend(objects(read_json(n)?));
+        }
+        explain(&cfg, &pod, &all, &ifname)
+    };
+    match run() {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            0
+        }
+        Err(e) => {
+            println!("{}", e.with_version(version::CURRENT).to_json());
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explains_plan_and_errors() {
+        let cfg = br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":"cni0"}]}"#;
+        let pod = json!({"metadata":{"name":"pg-0","namespace":"db","annotations":{"k8s.v1.cni.cncf.io/networks":"[{\"name\":\"mv\",\"ips\":[\"10.1.1.5/24\"]}]"}}});
+        let nad = json!({"kind":"List","items":[{"metadata":{"name":"mv","namespace":"db"},"spec":{"config":"{\"cniVersion\":\"1.0.0\",\"type\":\"macvlan\",\"ipam\":{\"type\":\"static\"}}"}}]});
+        let v = explain(cfg, &pod, &objects(nad), "eth0").unwrap();
+        assert_eq!(v["attachments"][1]["interface"], "net1");
+        assert_eq!(v["attachments"][1]["network"], "db/mv");
+        assert_eq!(v["attachments"][1]["delegates"][0]["name"], "mv");
+        assert_eq!(v["attachments"][1]["delegates"][0]["type"], "macvlan");
+        assert!(v["attachments"][1]["cniArgs"]
+            .as_str()
+            .unwrap()
+            .contains("IP=10.1.1.5/24"));
+        let e = explain(cfg, &pod, &[], "eth0").unwrap_err();
+        assert!(e.msg.contains("db/mv") && e.msg.contains("not found"));
+    }
+}

@@ -1,0 +1,460 @@
+//! The attachment plan: which networks a pod gets, on which interfaces, with which exact
+//! delegate configs, capability args and `CNI_ARGS`. Built by a pure function from the config,
+//! the pod and the resolved networks, so ADD, DEL (from the saved plan) and `plexus explain`
+//! share it.
+
+use crate::pod::PodInfo;
+use plexus_conf::args::CniArgs;
+use plexus_conf::error::{code, CniError};
+use plexus_conf::k8s::selection::NetworkSelection;
+use plexus_conf::netconf::NetConfList;
+use plexus_conf::result::is_v6;
+use plexus_conf::validate;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A network resolved to its config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedNetwork {
+    /// Name shown in network-status: `ns/nad` for NADs, the config name otherwise.
+    pub name: String,
+    /// The network's config.
+    pub list: NetConfList,
+}
+
+/// One attachment to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedAttachment {
+    /// Network name for status and errors.
+    pub network: String,
+    /// Interface in the pod.
+    pub ifname: String,
+    /// True for the pod's default network.
+    pub is_default: bool,
+    /// The delegate config exactly as it is run (after injection).
+    pub config: Value,
+    /// Capability args offered (`runtimeConfig`, filtered per plugin by capabilities).
+    pub capability_args: Map<String, Value>,
+    /// `CNI_ARGS` for the delegate.
+    pub cni_args: String,
+    /// Gateways this attachment takes the default route(s) for.
+    #[serde(default)]
+    pub default_route: Vec<String>,
+    /// Remove IPv4 default routes from this interface after ADD.
+    #[serde(default)]
+    pub filter_v4: bool,
+    /// Remove IPv6 default routes from this interface after ADD.
+    #[serde(default)]
+    pub filter_v6: bool,
+}
+
+impl PlannedAttachment {
+    /// The delegate config as a conflist.
+    pub fn list(&self) -> Result<NetConfList, CniError> {
+        NetConfList::from_value(self.config.clone())
+            .map_err(|e| e.context(format!("network {}", self.network)))
+    }
+}
+
+/// Inputs to the planner.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    /// The kubelet's `CNI_IFNAME` (the default network's interface).
+    pub ifname: &'a str,
+    /// The kubelet's `CNI_ARGS`.
+    pub cni_args: &'a CniArgs,
+    /// Capability args the runtime passed to plexus (for the default network only).
+    pub runtime_config: &'a Map<String, Value>,
+    /// The pod, when known.
+    pub pod: Option<&'a PodInfo>,
+    /// The default network, with the interface requested by a default-network annotation.
+    pub default: (ResolvedNetwork, Option<String>),
+    /// `defaultNetworks` (already empty for pods in system namespaces).
+    pub always: Vec<ResolvedNetwork>,
+    /// Networks selected by the pod annotation, with their selection.
+    pub selected: Vec<(NetworkSelection, ResolvedNetwork)>,
+}
+
+fn pod_ctx(pod: Option<&PodInfo>) -> String {
+    pod.map(|p| format!("pod {}", p.id.key()))
+        .unwrap_or_else(|| "static delegates".to_string())
+}
+
+/// Capability args an annotation requests for one attachment.
+fn requested_caps(sel: &NetworkSelection) -> Map<String, Value> {
+    let mut m = Map::new();
+    if !sel.ips.is_empty() {
+        m.insert("ips".into(), Value::from(sel.ips.clone()));
+    }
+    if let Some(mac) = &sel.mac {
+        m.insert("mac".into(), Value::from(mac.clone()));
+    }
+    if !sel.port_mappings.is_empty() {
+        m.insert(
+            "portMappings".into(),
+            Value::from(sel.port_mappings.clone()),
+        );
+    }
+    if let Some(b) = &sel.bandwidth {
+        m.insert("bandwidth".into(), b.clone());
+    }
+    if let Some(g) = &sel.infiniband_guid {
+        m.insert("infinibandGUID".into(), Value::from(g.clone()));
+    }
+    if let Some(d) = &sel.device_id {
+        m.insert("deviceID".into(), Value::from(d.clone()));
+    }
+    m
+}
+
+/// Whether some plugin of `list` can honour capability `cap`: it declares it, or (for `ips`
+/// and `mac`) it reads the legacy `CNI_ARGS` `IP=`/`MAC=` that plexus also sets.
+fn honoured(list: &NetConfList, cap: &str) -> bool {
+    list.plugins.iter().any(|p| {
+        p.has_capability(cap)
+            || (cap == "ips" && matches!(p.ipam_type(), Some("static" | "host-local")))
+            || (cap == "mac" && p.plugin_type() == "sriov")
+            || (cap == "deviceID" && matches!(p.plugin_type(), "sriov" | "host-device"))
+    })
+}
+
+/// Inject `args.cni` keys and a device ID into every plugin of a config.
+fn inject(config: &mut Value, cni_args: Option<&Map<String, Value>>, device_id: Option<&str>) {
+    let apply = |obj: &mut Map<String, Value>| {
+        if let Some(extra) = cni_args {
+            let args = obj
+                .entry("args")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !args.is_object() {
+                *args = Value::Object(Map::new());
+            }
+            let cni = args
+                .as_object_mut()
+                .map(|a| a.entry("cni").or_insert_with(|| Value::Object(Map::new())));
+            if let Some(cni) = cni {
+                if !cni.is_object() {
+                    *cni = Value::Object(Map::new());
+                }
+                if let Some(c) = cni.as_object_mut() {
+                    for (k, v) in extra {
+                        c.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        if let Some(d) = device_id {
+            obj.insert("deviceID".into(), Value::from(d));
+            obj.insert("pciBusID".into(), Value::from(d));
+        }
+    };
+    match config.get_mut("plugins").and_then(Value::as_array_mut) {
+        Some(plugins) => plugins
+            .iter_mut()
+            .filter_map(Value::as_object_mut)
+            .for_each(apply),
+        None => {
+            if let Some(o) = config.as_object_mut() {
+                apply(o)
+            }
+        }
+    }
+}
+
+fn delegate_args(base: &CniArgs, sel: Option<&NetworkSelection>) -> String {
+    let mut a = base.clone();
+    a.set("IgnoreUnknown", "1");
+    if let Some(sel) = sel {
+        if !sel.ips.is_empty() {
+            a.set("IP", &sel.ips.join(","));
+        }
+        if let Some(mac) = &sel.mac {
+            a.set("MAC", mac);
+        }
+    }
+    a.render()
+}
+
+/// Build and validate the plan.
+pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
+    let ctx = pod_ctx(input.pod);
+    let mut out: Vec<PlannedAttachment> = Vec::new();
+    let (default_net, default_if) = &input.default;
+    let default_ifname = default_if
+        .clone()
+        .unwrap_or_else(|| input.ifname.to_string());
+    out.push(PlannedAttachment {
+        network: default_net.name.clone(),
+        ifname: default_ifname,
+        is_default: true,
+        config: default_net.list.to_value(),
+        capability_args: input.runtime_config.clone(),
+        cni_args: delegate_args(input.cni_args, None),
+        default_route: Vec::new(),
+        filter_v4: false,
+        filter_v6: false,
+    });
+    for net in &input.always {
+        let idx = out.len();
+        out.push(PlannedAttachment {
+            network: net.name.clone(),
+            ifname: format!("net{idx}"),
+            is_default: false,
+            config: net.list.to_value(),
+            capability_args: Map::new(),
+            cni_args: delegate_args(input.cni_args, None),
+            default_route: Vec::new(),
+            filter_v4: false,
+            filter_v6: false,
+        });
+    }
+    for (sel, net) in &input.selected {
+        let idx = out.len();
+        let ifname = sel
+            .requested_interface()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("net{idx}"));
+        let caps = requested_caps(sel);
+        for cap in caps.keys() {
+            if !honoured(&net.list, cap) {
+                return Err(CniError::invalid_config(
+                    format!("{ctx}, network {}: the request for {cap:?} cannot be honoured", net.name),
+                    format!(
+                        "no plugin of network {:?} declares capabilities {{\"{cap}\": true}}; add it to the NAD's plugin config",
+                        net.list.name
+                    ),
+                ));
+            }
+        }
+        let mut config = net.list.to_value();
+        inject(&mut config, sel.cni_args.as_ref(), sel.device_id.as_deref());
+        out.push(PlannedAttachment {
+            network: net.name.clone(),
+            ifname,
+            is_default: false,
+            config,
+            capability_args: caps,
+            cni_args: delegate_args(input.cni_args, Some(sel)),
+            default_route: sel.default_route.clone(),
+            filter_v4: false,
+            filter_v6: false,
+        });
+    }
+    // Interface names: valid and unique.
+    for (i, a) in out.iter().enumerate() {
+        validate::interface_name(&a.ifname)
+            .map_err(|e| e.context(format!("{ctx}, network {}", a.network)))?;
+        if let Some(prev) = out[..i].iter().find(|p| p.ifname == a.ifname) {
+            return Err(CniError::invalid_config(
+                format!("{ctx}: interface name {:?} is requested twice", a.ifname),
+                format!("networks {} and {} both use it", prev.network, a.network),
+            ));
+        }
+    }
+    apply_default_route(&mut out, &ctx)?;
+    Ok(out)
+}
+
+/// At most one gateway per family across the pod (no ECMP); every other attachment drops its
+/// default route of a family that some attachment claims.
+fn apply_default_route(plan: &mut [PlannedAttachment], ctx: &str) -> Result<(), CniError> {
+    let mut owner4: Option<usize> = None;
+    let mut owner6: Option<usize> = None;
+    for (i, a) in plan.iter().enumerate() {
+        for gw in &a.default_route {
+            let slot = if is_v6(gw) { &mut owner6 } else { &mut owner4 };
+            if slot.is_some() {
+                return Err(CniError::invalid_config(
+                    format!("{ctx}: more than one default-route gateway per IP family"),
+                    "ECMP default routes are not supported: request one IPv4 and one IPv6 gateway at most",
+                ));
+            }
+            *slot = Some(i);
+        }
+    }
+    for (i, a) in plan.iter_mut().enumerate() {
+        a.filter_v4 = owner4.is_some_and(|o| o != i);
+        a.filter_v6 = owner6.is_some_and(|o| o != i);
+    }
+    Ok(())
+}
+
+/// Refuse references outside the pod's namespace and the global ones when isolation is on.
+pub fn check_isolation(
+    pod_ns: &str,
+    selections: &[NetworkSelection],
+    globals: &[String],
+    pod_key: &str,
+) -> Result<(), CniError> {
+    for s in selections {
+        let ns = s.namespace_or(pod_ns);
+        if ns != pod_ns && !globals.iter().any(|g| g == ns) {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!("pod {pod_key}, network {ns}/{}: namespace isolation violation", s.name),
+                format!(
+                    "namespaceIsolation is on: pods in {pod_ns:?} may reference networks in their own namespace or in {globals:?}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::PodIdentity;
+    use plexus_conf::k8s::selection::{parse_selections, NETWORKS_ANNOTATION};
+    use serde_json::json;
+
+    fn net(name: &str, v: Value) -> ResolvedNetwork {
+        ResolvedNetwork {
+            name: name.into(),
+            list: NetConfList::from_value(v).unwrap(),
+        }
+    }
+
+    fn flannel() -> ResolvedNetwork {
+        net(
+            "cbr0",
+            json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[{"type":"bridge"},{"type":"portmap","capabilities":{"portMappings":true}}]}),
+        )
+    }
+
+    fn macvlan(name: &str) -> ResolvedNetwork {
+        net(
+            name,
+            json!({"cniVersion":"1.0.0","name":"mv","type":"macvlan","ipam":{"type":"static"}}),
+        )
+    }
+
+    fn pod() -> PodInfo {
+        PodInfo {
+            id: PodIdentity {
+                namespace: "db".into(),
+                name: "pg-0".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn plan(
+        selected: &str,
+        nets: Vec<ResolvedNetwork>,
+    ) -> Result<Vec<PlannedAttachment>, CniError> {
+        let sels = parse_selections(selected, NETWORKS_ANNOTATION).unwrap();
+        let args = CniArgs::parse("K8S_POD_NAMESPACE=db;K8S_POD_NAME=pg-0").unwrap();
+        let rc = json!({"portMappings":[{"hostPort":1,"containerPort":2,"protocol":"tcp"}]});
+        let p = pod();
+        build(PlanInput {
+            ifname: "eth0",
+            cni_args: &args,
+            runtime_config: rc.as_object().unwrap(),
+            pod: Some(&p),
+            default: (flannel(), None),
+            always: vec![],
+            selected: sels.into_iter().zip(nets).collect(),
+        })
+    }
+
+    #[test]
+    fn names_interfaces_like_multus() {
+        let p = plan(
+            "a@data0,b,c",
+            vec![macvlan("db/a"), macvlan("db/b"), macvlan("db/c")],
+        )
+        .unwrap();
+        let names: Vec<&str> = p.iter().map(|a| a.ifname.as_str()).collect();
+        assert_eq!(names, vec!["eth0", "data0", "net2", "net3"]);
+        assert!(p[0].is_default && !p[1].is_default);
+        // Runtime capability args go to the default network only (spec 7.5).
+        assert!(p[0].capability_args.contains_key("portMappings"));
+        assert!(p[1].capability_args.is_empty());
+        assert!(
+            p[1].cni_args.contains("IgnoreUnknown=1")
+                && p[1].cni_args.contains("K8S_POD_NAME=pg-0")
+        );
+    }
+
+    #[test]
+    fn duplicate_interface_is_rejected() {
+        let e = plan("a@eth0", vec![macvlan("db/a")]).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(
+            e.msg.contains("pod db/pg-0") && e.msg.contains("eth0") && e.details.contains("db/a"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn requests_need_a_capable_plugin() {
+        let sel = r#"[{"name":"a","mac":"02:00:00:00:00:01"}]"#;
+        let e = plan(sel, vec![macvlan("db/a")]).unwrap_err();
+        assert!(e.msg.contains("\"mac\"") && e.msg.contains("db/a"), "{e}");
+        let tuned = net(
+            "db/a",
+            json!({"cniVersion":"1.0.0","name":"mv","plugins":[{"type":"macvlan"},{"type":"tuning","capabilities":{"mac":true}}]}),
+        );
+        let p = plan(sel, vec![tuned]).unwrap();
+        assert_eq!(p[1].capability_args["mac"], "02:00:00:00:00:01");
+        assert!(p[1].cni_args.contains("MAC=02:00:00:00:00:01"));
+        // ips through static IPAM (which reads CNI_ARGS IP=) are fine without the capability.
+        let p = plan(
+            r#"[{"name":"a","ips":["10.1.1.5/24"]}]"#,
+            vec![macvlan("db/a")],
+        )
+        .unwrap();
+        assert!(p[1].cni_args.contains("IP=10.1.1.5/24"));
+        let e = plan(
+            r#"[{"name":"a","bandwidth":{"ingressRate":1}}]"#,
+            vec![macvlan("db/a")],
+        )
+        .unwrap_err();
+        assert!(e.msg.contains("bandwidth"));
+    }
+
+    #[test]
+    fn cni_args_and_device_id_are_injected_into_every_plugin() {
+        let chain = net(
+            "db/s",
+            json!({"cniVersion":"1.0.0","name":"s","plugins":[{"type":"sriov","args":{"cni":{"keep":1,"foo":"nad"}}},{"type":"tuning"}]}),
+        );
+        let p = plan(
+            r#"[{"name":"s","cni-args":{"foo":"pod"},"deviceID":"0000:04:00.5"}]"#,
+            vec![chain],
+        )
+        .unwrap();
+        let c = &p[1].config;
+        assert_eq!(
+            c["plugins"][0]["args"]["cni"],
+            json!({"keep":1,"foo":"pod"})
+        );
+        assert_eq!(c["plugins"][1]["args"]["cni"], json!({"foo":"pod"}));
+        assert_eq!(c["plugins"][0]["deviceID"], "0000:04:00.5");
+        assert_eq!(c["plugins"][1]["pciBusID"], "0000:04:00.5");
+    }
+
+    #[test]
+    fn default_route_moves_and_rejects_ecmp() {
+        let p = plan(
+            r#"[{"name":"a","default-route":["10.1.1.1"]},{"name":"b"}]"#,
+            vec![macvlan("db/a"), macvlan("db/b")],
+        )
+        .unwrap();
+        assert!(p[0].filter_v4 && !p[0].filter_v6);
+        assert!(!p[1].filter_v4 && p[1].default_route == vec!["10.1.1.1"]);
+        assert!(p[2].filter_v4);
+        let e = plan(r#"[{"name":"a","default-route":["10.1.1.1"]},{"name":"b","default-route":["10.2.1.1"]}]"#, vec![macvlan("db/a"), macvlan("db/b")]).unwrap_err();
+        assert!(e.details.contains("ECMP"));
+    }
+
+    #[test]
+    fn isolation() {
+        let sels = parse_selections("a,default/b,other/c", NETWORKS_ANNOTATION).unwrap();
+        let e = check_isolation("db", &sels, &["default".into()], "db/pg-0").unwrap_err();
+        assert!(e.msg.contains("other/c") && e.msg.contains("isolation"));
+        assert!(check_isolation("db", &sels[..2], &["default".into()], "db/pg-0").is_ok());
+    }
+}

@@ -1,0 +1,333 @@
+//! From config + pod to a plan: which networks the pod asks for (annotations, default-network
+//! override, `defaultNetworks`, isolation), which NADs must be fetched, and the final plan once
+//! they are. No I/O except reading config files named by the config.
+
+use crate::plan::{self, PlanInput, PlannedAttachment, ResolvedNetwork};
+use crate::pod::PodInfo;
+use crate::resolve::{self, NadData, NetRef};
+use plexus_conf::args::CniArgs;
+use plexus_conf::error::{code, CniError};
+use plexus_conf::k8s::nad::find_by_name;
+use plexus_conf::k8s::selection::{
+    parse_selections, NetworkSelection, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION,
+};
+use plexus_conf::plexus_config::PlexusConfig;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Fetched NADs by `(namespace, name)`; `None` = not found.
+pub type NadMap = HashMap<(String, String), Option<NadData>>;
+
+/// What a pod asks for, before NADs are fetched.
+#[derive(Debug, Clone, Default)]
+pub struct Requests {
+    /// Default network override from the pod annotation.
+    pub default_override: Option<NetworkSelection>,
+    /// `clusterNetwork`, classified (None: use `delegates[0]`).
+    pub cluster: Option<NetRef>,
+    /// `defaultNetworks` that apply to this pod.
+    pub always: Vec<NetRef>,
+    /// Annotation selections.
+    pub selected: Vec<NetworkSelection>,
+}
+
+fn pod_label(pod: Option<&PodInfo>) -> String {
+    pod.map(|p| format!("pod {}", p.id.key()))
+        .unwrap_or_else(|| "static delegates".into())
+}
+
+/// Parse the pod's requests and enforce namespace isolation.
+pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests, CniError> {
+    let mut r = Requests {
+        cluster: (!config.cluster_network.is_empty())
+            .then(|| resolve::classify(&config.cluster_network, &config.multus_namespace)),
+        ..Requests::default()
+    };
+    let in_system_ns = pod.is_some_and(|p| config.system_namespaces.contains(&p.id.namespace));
+    if !in_system_ns {
+        r.always = config
+            .default_networks
+            .iter()
+            .map(|v| resolve::classify(v, &config.multus_namespace))
+            .collect();
+    }
+    let Some(pod) = pod else { return Ok(r) };
+    let ctx = |e: CniError| e.context(format!("pod {}", pod.id.key()));
+    if let Some(v) = pod.annotations.get(DEFAULT_NETWORK_ANNOTATION) {
+        let mut sels = parse_selections(v, DEFAULT_NETWORK_ANNOTATION).map_err(ctx)?;
+        if sels.len() > 1 {
+            return Err(ctx(CniError::invalid_config(
+                format!("invalid annotation {DEFAULT_NETWORK_ANNOTATION}"),
+                "it must name exactly one network",
+            )));
+        }
+        if let Some(mut s) = sels.pop() {
+            if s.namespace.as_deref().is_none_or(str::is_empty) {
+                s.namespace = Some(config.multus_namespace.clone());
+            }
+            r.default_override = Some(s);
+        }
+    }
+    if let Some(v) = pod.annotations.get(NETWORKS_ANNOTATION) {
+        r.selected = parse_selections(v, NETWORKS_ANNOTATION).map_err(ctx)?;
+        if config.namespace_isolation {
+            plan::check_isolation(
+                &pod.id.namespace,
+                &r.selected,
+                &config.global_namespace_list(),
+                &pod.id.key(),
+            )?;
+        }
+    }
+    Ok(r)
+}
+
+/// The NADs to fetch for these requests, deduplicated, in first-use order.
+pub fn nad_refs(r: &Requests, pod_ns: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut push = |ns: &str, name: &str| {
+        let k = (ns.to_string(), name.to_string());
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    };
+    if let Some(s) = &r.default_override {
+        push(s.namespace_or(pod_ns), &s.name);
+    } else if let Some(NetRef::Nad { ns, name, .. }) = &r.cluster {
+        push(ns, name);
+    }
+    for a in &r.always {
+        if let NetRef::Nad { ns, name, .. } = a {
+            push(ns, name);
+        }
+    }
+    for s in &r.selected {
+        push(s.namespace_or(pod_ns), &s.name);
+    }
+    out
+}
+
+fn resolve_ref(
+    rf: &NetRef,
+    nads: &NadMap,
+    conf_dir: &Path,
+    pod: &str,
+) -> Result<ResolvedNetwork, CniError> {
+    match rf {
+        NetRef::Path(p) => resolve::load_path(p).map(|list| ResolvedNetwork { name: list.name.clone(), list }),
+        NetRef::Nad { ns, name, conf_fallback } => match nads.get(&(ns.clone(), name.clone())) {
+            Some(Some(data)) => resolve::from_nad(ns, name, data, conf_dir),
+            _ if *conf_fallback => find_by_name(name, &resolve::read_conf_dir(conf_dir))
+                .map(|list| ResolvedNetwork { name: list.name.clone(), list })
+                .ok_or_else(|| {
+                    CniError::new(
+                        code::INVALID_CONFIG,
+                        format!("{pod}: cannot find network {name:?}"),
+                        format!("no NetworkAttachmentDefinition {ns}/{name} and no config named {name:?} in {}", conf_dir.display()),
+                    )
+                }),
+            _ => Err(resolve::not_found(ns, name, pod)),
+        },
+    }
+}
+
+/// Build the plan from requests and fetched NADs.
+pub fn make_plan(
+    config: &PlexusConfig,
+    ifname: &str,
+    cni_args: &CniArgs,
+    pod: Option<&PodInfo>,
+    r: &Requests,
+    nads: &NadMap,
+) -> Result<Vec<PlannedAttachment>, CniError> {
+    let label = pod_label(pod);
+    let conf_dir = Path::new(&config.conf_dir);
+    let pod_ns = pod.map(|p| p.id.namespace.as_str()).unwrap_or("");
+    let statics = config.delegate_lists()?;
+    let mut always: Vec<ResolvedNetwork> = Vec::new();
+    let default = if let Some(s) = &r.default_override {
+        let ns = s.namespace_or(pod_ns);
+        let rf = NetRef::Nad {
+            ns: ns.into(),
+            name: s.name.clone(),
+            conf_fallback: false,
+        };
+        (
+            resolve_ref(&rf, nads, conf_dir, &label)?,
+            s.requested_interface().map(str::to_string),
+        )
+    } else if let Some(rf) = &r.cluster {
+        (resolve_ref(rf, nads, conf_dir, &label)?, None)
+    } else {
+        let mut it = statics.into_iter();
+        let first = it.next().ok_or_else(|| {
+            CniError::invalid_config("at least one delegate/clusterNetwork must be specified", "")
+        })?;
+        // In delegates mode the other delegates are attached to every pod, as in Multus.
+        always.extend(it.map(|list| ResolvedNetwork {
+            name: list.name.clone(),
+            list,
+        }));
+        (
+            ResolvedNetwork {
+                name: first.name.clone(),
+                list: first,
+            },
+            None,
+        )
+    };
+    for rf in &r.always {
+        always.push(resolve_ref(rf, nads, conf_dir, &label)?);
+    }
+    let mut selected = Vec::new();
+    for s in &r.selected {
+        let ns = s.namespace_or(pod_ns);
+        let rf = NetRef::Nad {
+            ns: ns.into(),
+            name: s.name.clone(),
+            conf_fallback: false,
+        };
+        selected.push((s.clone(), resolve_ref(&rf, nads, conf_dir, &label)?));
+    }
+    plan::build(PlanInput {
+        ifname,
+        cni_args,
+        runtime_config: &config.runtime_config,
+        pod,
+        default,
+        always,
+        selected,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::PodIdentity;
+    use serde_json::json;
+
+    fn config(extra: serde_json::Value) -> PlexusConfig {
+        let mut base = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus",
+            "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        PlexusConfig::parse(base.to_string().as_bytes()).unwrap()
+    }
+
+    fn pod(ns: &str, ann: &[(&str, &str)]) -> PodInfo {
+        PodInfo {
+            id: PodIdentity {
+                namespace: ns.into(),
+                name: "p".into(),
+                ..Default::default()
+            },
+            annotations: ann
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn nad(cfg: &str) -> Option<NadData> {
+        Some(NadData { config: cfg.into() })
+    }
+
+    #[test]
+    fn default_override_and_selections() {
+        let c = config(json!({}));
+        let p = pod(
+            "db",
+            &[
+                (DEFAULT_NETWORK_ANNOTATION, "calico@eth0"),
+                (NETWORKS_ANNOTATION, "mv,other/sr@data0"),
+            ],
+        );
+        let r = requests(&c, Some(&p)).unwrap();
+        let refs = nad_refs(&r, "db");
+        assert_eq!(
+            refs,
+            vec![
+                ("kube-system".into(), "calico".into()),
+                ("db".into(), "mv".into()),
+                ("other".into(), "sr".into())
+            ]
+        );
+        let mut nads = NadMap::new();
+        nads.insert(
+            refs[0].clone(),
+            nad(r#"{"cniVersion":"1.0.0","type":"ptp"}"#),
+        );
+        nads.insert(
+            refs[1].clone(),
+            nad(r#"{"cniVersion":"1.0.0","type":"macvlan"}"#),
+        );
+        nads.insert(refs[2].clone(), None);
+        let args = CniArgs::default();
+        let e = make_plan(&c, "eth0", &args, Some(&p), &r, &nads).unwrap_err();
+        assert!(
+            e.msg.contains("pod db/p") && e.msg.contains("other/sr") && e.msg.contains("not found"),
+            "{e}"
+        );
+        nads.insert(
+            refs[2].clone(),
+            nad(r#"{"cniVersion":"1.0.0","type":"sriov"}"#),
+        );
+        let plan = make_plan(&c, "eth0", &args, Some(&p), &r, &nads).unwrap();
+        let v: Vec<(&str, &str)> = plan
+            .iter()
+            .map(|a| (a.network.as_str(), a.ifname.as_str()))
+            .collect();
+        assert_eq!(
+            v,
+            vec![
+                ("kube-system/calico", "eth0"),
+                ("db/mv", "net1"),
+                ("other/sr", "data0")
+            ]
+        );
+    }
+
+    #[test]
+    fn default_networks_skip_system_namespaces() {
+        let c = config(json!({"defaultNetworks":["mon"]}));
+        assert_eq!(requests(&c, Some(&pod("db", &[]))).unwrap().always.len(), 1);
+        assert!(requests(&c, Some(&pod("kube-system", &[])))
+            .unwrap()
+            .always
+            .is_empty());
+    }
+
+    #[test]
+    fn isolation_is_enforced() {
+        let c = config(json!({"namespaceIsolation":true}));
+        let e = requests(&c, Some(&pod("db", &[(NETWORKS_ANNOTATION, "other/x")]))).unwrap_err();
+        assert!(e.msg.contains("isolation"));
+        assert!(requests(
+            &c,
+            Some(&pod("db", &[(NETWORKS_ANNOTATION, "default/x,y")]))
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn static_delegates_become_net1_net2() {
+        let c = config(
+            json!({"delegates":[{"cniVersion":"1.0.0","name":"a","type":"bridge"},{"cniVersion":"1.0.0","name":"b","type":"macvlan"},{"cniVersion":"1.0.0","name":"c","type":"ptp"}]}),
+        );
+        let r = requests(&c, None).unwrap();
+        let plan = make_plan(&c, "eth0", &CniArgs::default(), None, &r, &NadMap::new()).unwrap();
+        let v: Vec<&str> = plan.iter().map(|a| a.ifname.as_str()).collect();
+        assert_eq!(v, vec!["eth0", "net1", "net2"]);
+    }
+
+    #[test]
+    fn malformed_annotation_names_pod() {
+        let c = config(json!({}));
+        let e = requests(&c, Some(&pod("db", &[(NETWORKS_ANNOTATION, "[{bad")]))).unwrap_err();
+        assert!(
+            e.msg.contains("pod db/p") && e.msg.contains(NETWORKS_ANNOTATION),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,59 @@
+//! `plexus` as a CNI plugin: the skel's verbs wired to ADD, DEL, CHECK, STATUS and GC.
+
+use crate::context::Ctx;
+use crate::k8s::InClusterEnv;
+use crate::{add, del, verbs};
+use plexus_conf::error::CniError;
+use plexus_delegates::logging::{self, LogOptions};
+use plexus_delegates::skel::{AddOutput, CmdArgs, Plugin};
+use std::path::PathBuf;
+
+/// The plexus meta-plugin.
+#[derive(Debug, Default)]
+pub struct Plexus {
+    /// The in-cluster API environment of this process, if any.
+    pub in_cluster: Option<InClusterEnv>,
+}
+
+impl Plexus {
+    fn ctx(&self, args: &CmdArgs) -> Result<Ctx, CniError> {
+        let ctx = Ctx::new(args, self.in_cluster.clone())?;
+        logging::init(&LogOptions {
+            level: ctx.config.log_level.clone(),
+            file: (!ctx.config.log_file.is_empty()).then(|| PathBuf::from(&ctx.config.log_file)),
+            to_stderr: ctx.config.log_to_stderr,
+        });
+        tracing::debug!(command = args.command.as_str(), container = %args.container_id, ifname = %args.ifname, "plexus called");
+        Ok(ctx)
+    }
+}
+
+impl Plugin for Plexus {
+    fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
+        let mut ctx = self.ctx(&args)?;
+        let started = std::time::Instant::now();
+        let out = add::add(&mut ctx, &args);
+        tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "ADD done");
+        out
+    }
+
+    fn del(&self, args: CmdArgs) -> Result<(), CniError> {
+        let mut ctx = self.ctx(&args)?;
+        del::del(&mut ctx, &args)
+    }
+
+    fn check(&self, args: CmdArgs) -> Result<(), CniError> {
+        let mut ctx = self.ctx(&args)?;
+        verbs::check(&mut ctx, &args)
+    }
+
+    fn status(&self, args: CmdArgs) -> Result<(), CniError> {
+        let mut ctx = self.ctx(&args)?;
+        verbs::status(&mut ctx)
+    }
+
+    fn gc(&self, args: CmdArgs) -> Result<(), CniError> {
+        let mut ctx = self.ctx(&args)?;
+        verbs::gc(&mut ctx, &args)
+    }
+}

@@ -1,0 +1,65 @@
+//! The pod a CNI call is for: identity from `CNI_ARGS`, and the pod data plexus uses.
+
+use plexus_conf::args::CniArgs;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The pod identity the runtime passes in `CNI_ARGS`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodIdentity {
+    /// `K8S_POD_NAMESPACE`
+    pub namespace: String,
+    /// `K8S_POD_NAME`
+    pub name: String,
+    /// `K8S_POD_UID` (newer runtimes)
+    #[serde(default)]
+    pub uid: String,
+    /// `K8S_POD_INFRA_CONTAINER_ID`
+    #[serde(default)]
+    pub infra_container_id: String,
+}
+
+impl PodIdentity {
+    /// Read from `CNI_ARGS`; `None` when namespace or name is missing (static mode).
+    pub fn from_args(args: &CniArgs) -> Option<Self> {
+        let ns = args.get("K8S_POD_NAMESPACE").filter(|s| !s.is_empty())?;
+        let name = args.get("K8S_POD_NAME").filter(|s| !s.is_empty())?;
+        Some(PodIdentity {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            uid: args.get("K8S_POD_UID").unwrap_or_default().to_string(),
+            infra_container_id: args
+                .get("K8S_POD_INFRA_CONTAINER_ID")
+                .unwrap_or_default()
+                .to_string(),
+        })
+    }
+
+    /// `namespace/name`
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What plexus needs of a pod object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    /// Identity.
+    pub id: PodIdentity,
+    /// The pod's annotations.
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_kubelet_args() {
+        let a = CniArgs::parse("K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u1;IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=pg-0").unwrap();
+        let p = PodIdentity::from_args(&a).unwrap();
+        assert_eq!(p.key(), "db/pg-0");
+        assert_eq!(p.uid, "u1");
+        assert!(PodIdentity::from_args(&CniArgs::parse("K8S_POD_NAME=x").unwrap()).is_none());
+    }
+}

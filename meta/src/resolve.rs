@@ -1,0 +1,187 @@
+//! Resolving network references to configs: `clusterNetwork`/`defaultNetworks` values (a NAD
+//! name, a config name in `confDir`, a directory or a file), NADs, and the on-disk fallback for
+//! NADs with an empty spec.
+
+use crate::plan::ResolvedNetwork;
+use plexus_conf::error::{code, CniError};
+use plexus_conf::k8s::nad;
+use plexus_conf::netconf::NetConfList;
+use std::path::{Path, PathBuf};
+
+/// A NAD as plexus needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NadData {
+    /// `spec.config` (may be empty).
+    pub config: String,
+}
+
+/// What a `clusterNetwork`/`defaultNetworks` value refers to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetRef {
+    /// A NAD (`ns/name`, or a bare name in `multusNamespace`) with a config-name fallback.
+    Nad {
+        /// Namespace.
+        ns: String,
+        /// Name.
+        name: String,
+        /// Fall back to a config of this name in `confDir` when the NAD is missing.
+        conf_fallback: bool,
+    },
+    /// A config file or directory.
+    Path(PathBuf),
+}
+
+/// Classify a value: an existing absolute path is a file or directory; `ns/name` is a NAD; a
+/// bare name is a NAD in `multus_ns`, else a config name in `confDir` (Multus' order).
+pub fn classify(value: &str, multus_ns: &str) -> NetRef {
+    if value.starts_with('/') || Path::new(value).exists() {
+        return NetRef::Path(PathBuf::from(value));
+    }
+    match value.split_once('/') {
+        Some((ns, name)) => NetRef::Nad {
+            ns: ns.into(),
+            name: name.into(),
+            conf_fallback: false,
+        },
+        None => NetRef::Nad {
+            ns: multus_ns.into(),
+            name: value.into(),
+            conf_fallback: true,
+        },
+    }
+}
+
+fn io_err(path: &Path, e: impl std::fmt::Display) -> CniError {
+    CniError::invalid_config(
+        format!("cannot load network config {}", path.display()),
+        e.to_string(),
+    )
+}
+
+/// Config files of a directory, as `(file name, bytes)`; a missing directory is empty.
+pub fn read_conf_dir(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(Result::ok)
+        .filter(|e| e.path().is_file())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let wanted = [".conf", ".conflist", ".json"]
+                .iter()
+                .any(|s| name.ends_with(s));
+            if !wanted {
+                return None;
+            }
+            std::fs::read(e.path()).ok().map(|b| (name, b))
+        })
+        .collect()
+}
+
+/// Load a config from a file, or the first config file (name order) of a directory, skipping
+/// plexus' and Multus' own generated configs.
+pub fn load_path(path: &Path) -> Result<NetConfList, CniError> {
+    if path.is_dir() {
+        let mut files = read_conf_dir(path);
+        files.retain(|(n, _)| !n.starts_with("00-multus") && !n.starts_with("00-plexus"));
+        files.sort_by(|a, b| a.0.cmp(&b.0));
+        let (name, bytes) = files
+            .first()
+            .ok_or_else(|| io_err(path, "no .conf, .conflist or .json file in directory"))?;
+        return NetConfList::parse(bytes)
+            .map_err(|e| e.context(format!("{}/{name}", path.display())));
+    }
+    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    NetConfList::parse(&bytes).map_err(|e| e.context(path.display().to_string()))
+}
+
+/// Resolve a NAD (already fetched) to its network, using `conf_dir` for an empty spec.
+pub fn from_nad(
+    ns: &str,
+    name: &str,
+    data: &NadData,
+    conf_dir: &Path,
+) -> Result<ResolvedNetwork, CniError> {
+    let list = match nad::config_from_spec(ns, name, &data.config)? {
+        Some(l) => l,
+        None => nad::find_by_name(name, &read_conf_dir(conf_dir)).ok_or_else(|| {
+            CniError::invalid_config(
+                format!("network {ns}/{name}: the NAD has an empty spec.config and no config of that name exists"),
+                format!("looked in {}", conf_dir.display()),
+            )
+        })?,
+    };
+    Ok(ResolvedNetwork {
+        name: format!("{ns}/{name}"),
+        list,
+    })
+}
+
+/// A network that was not found.
+pub fn not_found(ns: &str, name: &str, pod: &str) -> CniError {
+    CniError::new(
+        code::INVALID_CONFIG,
+        format!("{pod}, network {ns}/{name}: NetworkAttachmentDefinition not found"),
+        format!("create network-attachment-definitions.k8s.cni.cncf.io {name} in namespace {ns}, or fix the pod annotation"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        assert_eq!(
+            classify("/etc/cni/net.d/10-flannel.conflist", "kube-system"),
+            NetRef::Path("/etc/cni/net.d/10-flannel.conflist".into())
+        );
+        assert_eq!(
+            classify("net-ns/calico", "kube-system"),
+            NetRef::Nad {
+                ns: "net-ns".into(),
+                name: "calico".into(),
+                conf_fallback: false
+            }
+        );
+        assert_eq!(
+            classify("cbr0", "kube-system"),
+            NetRef::Nad {
+                ns: "kube-system".into(),
+                name: "cbr0".into(),
+                conf_fallback: true
+            }
+        );
+    }
+
+    #[test]
+    fn files_dirs_and_empty_nads() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(
+            t.path().join("00-multus.conf"),
+            br#"{"name":"multus","type":"multus"}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            t.path().join("10-flannel.conflist"),
+            br#"{"cniVersion":"1.0.0","name":"cbr0","plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            t.path().join("20-mv.conf"),
+            br#"{"cniVersion":"1.0.0","name":"mv","type":"macvlan"}"#,
+        )
+        .unwrap();
+        assert_eq!(load_path(t.path()).unwrap().name, "cbr0");
+        assert_eq!(load_path(&t.path().join("20-mv.conf")).unwrap().name, "mv");
+        assert!(load_path(&t.path().join("missing.conf"))
+            .unwrap_err()
+            .msg
+            .contains("missing.conf"));
+        let r = from_nad("db", "mv", &NadData::default(), t.path()).unwrap();
+        assert_eq!(r.name, "db/mv");
+        assert_eq!(r.list.plugins[0].plugin_type(), "macvlan");
+        let e = from_nad("db", "nope", &NadData::default(), t.path()).unwrap_err();
+        assert!(e.msg.contains("db/nope"));
+    }
+}

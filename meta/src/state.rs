@@ -1,0 +1,172 @@
+//! The attachment plan saved at ADD (before any delegate runs) so that DEL can undo everything
+//! with no API request, whatever happened to the pod, the NADs or the API server since.
+
+use crate::plan::PlannedAttachment;
+use crate::pod::PodIdentity;
+use plexus_conf::error::{code, CniError};
+use plexus_delegates::fsutil;
+use plexus_delegates::lock::FileLock;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const KIND: &str = "plexusPlanV1";
+
+/// The saved plan of one container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SavedPlan {
+    /// Format tag.
+    pub kind: String,
+    /// `CNI_CONTAINERID`
+    pub container_id: String,
+    /// The kubelet's `CNI_IFNAME`.
+    pub ifname: String,
+    /// `CNI_NETNS` at ADD.
+    pub netns: String,
+    /// The pod, when known.
+    pub pod: Option<PodIdentity>,
+    /// Attachments, in ADD order.
+    pub attachments: Vec<PlannedAttachment>,
+}
+
+impl SavedPlan {
+    /// A new plan record.
+    pub fn new(
+        container_id: &str,
+        ifname: &str,
+        netns: &str,
+        pod: Option<PodIdentity>,
+        attachments: Vec<PlannedAttachment>,
+    ) -> Self {
+        SavedPlan {
+            kind: KIND.into(),
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+            netns: netns.into(),
+            pod,
+            attachments,
+        }
+    }
+}
+
+/// Plan files and per-container locks under `cniDir`.
+#[derive(Debug, Clone)]
+pub struct PlanStore {
+    dir: PathBuf,
+}
+
+impl PlanStore {
+    /// Store rooted at `cni_dir`.
+    pub fn new(cni_dir: &Path) -> Self {
+        PlanStore {
+            dir: cni_dir.to_path_buf(),
+        }
+    }
+
+    fn path(&self, container_id: &str, ifname: &str) -> PathBuf {
+        self.dir
+            .join("plans")
+            .join(format!("{container_id}-{ifname}.json"))
+    }
+
+    /// Serialise operations on one container (the spec forbids parallel calls, but runtimes
+    /// retry and GC may run concurrently).
+    pub fn lock(&self, container_id: &str) -> Result<FileLock, CniError> {
+        let p = self.dir.join("locks").join(format!("{container_id}.lock"));
+        FileLock::acquire(&p, Duration::from_secs(120)).map_err(|e| {
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("container {container_id}: cannot take the plexus lock"),
+                e.to_string(),
+            )
+        })
+    }
+
+    /// Save (atomic, 0600).
+    pub fn save(&self, plan: &SavedPlan) -> Result<(), CniError> {
+        let p = self.path(&plan.container_id, &plan.ifname);
+        let bytes = serde_json::to_vec(plan)
+            .map_err(|e| CniError::internal("failed to encode plan", e.to_string()))?;
+        fsutil::write_atomic(&p, &bytes, 0o600).map_err(|e| {
+            CniError::new(
+                code::IO_FAILURE,
+                "failed to save the attachment plan",
+                format!("{}: {e}", p.display()),
+            )
+        })
+    }
+
+    /// Load; `Ok(None)` when there is none, an error only when it exists but is unusable.
+    pub fn load(&self, container_id: &str, ifname: &str) -> Result<Option<SavedPlan>, CniError> {
+        let p = self.path(container_id, ifname);
+        let Some(bytes) = fsutil::read_optional(&p).map_err(|e| {
+            CniError::new(
+                code::IO_FAILURE,
+                "failed to read the attachment plan",
+                format!("{}: {e}", p.display()),
+            )
+        })?
+        else {
+            return Ok(None);
+        };
+        match serde_json::from_slice::<SavedPlan>(&bytes) {
+            Ok(plan) if plan.kind == KIND => Ok(Some(plan)),
+            Ok(_) | Err(_) => Err(CniError::decode(
+                "corrupt attachment plan",
+                p.display().to_string(),
+            )),
+        }
+    }
+
+    /// Remove; already gone is success.
+    pub fn remove(&self, container_id: &str, ifname: &str) -> Result<(), CniError> {
+        let p = self.path(container_id, ifname);
+        fsutil::remove_if_exists(&p).map_err(|e| {
+            CniError::new(
+                code::IO_FAILURE,
+                "failed to remove the attachment plan",
+                format!("{}: {e}", p.display()),
+            )
+        })
+    }
+
+    /// Every saved plan (for GC).
+    pub fn all(&self) -> Vec<SavedPlan> {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("plans")) else {
+            return Vec::new();
+        };
+        rd.filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<SavedPlan>(&b).ok())
+            .filter(|p| p.kind == KIND)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn save_load_remove_private() {
+        let t = tempfile::tempdir().unwrap();
+        let s = PlanStore::new(t.path());
+        let plan = SavedPlan::new("c1", "eth0", "/run/netns/x", None, vec![]);
+        s.save(&plan).unwrap();
+        assert_eq!(s.load("c1", "eth0").unwrap().unwrap(), plan);
+        let mode = std::fs::metadata(t.path().join("plans/c1-eth0.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(s.all().len(), 1);
+        s.remove("c1", "eth0").unwrap();
+        s.remove("c1", "eth0").unwrap();
+        assert!(s.load("c1", "eth0").unwrap().is_none());
+        std::fs::write(t.path().join("plans/c2-eth0.json"), b"{trunc").unwrap();
+        assert_eq!(s.load("c2", "eth0").unwrap_err().code, 6);
+    }
+}
