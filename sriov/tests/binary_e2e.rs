@@ -1,0 +1,384 @@
+//! End-to-end tests of the real `sriov` binary, run inside a per-test host netns with veth
+//! ends as VF netdevs, a fake sysfs tree and the file-backed fake PF (`PLEXUS_SRIOV_FAKE_PF`).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn assert_restored(env: &Env, i: u32, before: &LinkState, pf_before: &plexus_sriov::pf::VfConfig) {
+    let (_, name) = vf(i);
+    let now = env
+        .link(&env.host.name, &name)
+        .unwrap_or_else(|| panic!("{name} not back in the host netns"));
+    assert_eq!(&now, before, "netdev name/MAC/MTU/ifindex restored");
+    assert_eq!(&env.vf_config(i), pf_before, "PF-side VF config restored");
+}
+
+#[test]
+fn bank_scenario_add_check_del_restores_everything_for_each_version() {
+    for version in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let env = Env::new(1, 0);
+        let (pci, name) = vf(0);
+        let before = env.link(&env.host.name, &name).unwrap();
+        let pf_before = env.vf_config(0);
+        let conf = bank_conf(version, &pci);
+
+        let (ok, res) = env.sriov("ADD", "c-bank", "net1", &env.pod.path(), &conf);
+        assert!(ok, "{version} ADD: {res}");
+        assert_eq!(res["cniVersion"], version);
+        let iface = &res["interfaces"][0];
+        assert_eq!(iface["name"], "net1");
+        assert_eq!(iface["mac"], "02:66:00:00:00:01");
+        assert_eq!(iface["sandbox"], env.pod.path());
+        if version == "1.1.0" {
+            assert_eq!(iface["pciID"], pci.as_str());
+            assert_eq!(iface["mtu"], 9000);
+        }
+        assert_eq!(res["ips"][0]["address"], "10.10.0.5/24");
+        assert_eq!(res["ips"][0]["gateway"], "10.10.0.1");
+        if version != "0.3.1" || res["ips"][0].get("interface").is_some() {
+            assert_eq!(res["ips"][0]["interface"], 0);
+        }
+
+        // PF side applied; netdev moved, renamed, MAC/MTU set, address and route configured.
+        let c = env.vf_config(0);
+        assert_eq!(
+            (c.vlan, c.max_tx_rate, c.trust, c.spoofchk),
+            (100, 1000, false, true)
+        );
+        assert_eq!(c.mac.to_string(), "02:66:00:00:00:01");
+        assert!(
+            env.link(&env.host.name, &name).is_none(),
+            "VF left the host"
+        );
+        let pod = env.link(&env.pod.name, "net1").expect("net1 in pod");
+        assert_eq!((pod.mac.as_str(), pod.mtu), ("02:66:00:00:00:01", 9000));
+        let addrs = env.addrs(&env.pod.name, "net1");
+        let global: Vec<_> = addrs.iter().filter(|a| !a.starts_with("fe80")).collect();
+        assert_eq!(global, vec!["10.10.0.5/24"]);
+        let routes = run(&[
+            "ip",
+            "-n",
+            &env.pod.name,
+            "route",
+            "show",
+            "192.168.50.0/24",
+        ]);
+        assert!(routes.contains("via 10.10.0.1 dev net1"), "{routes}");
+
+        // CHECK with prevResult passes, and notices a drift.
+        let mut chk = conf.clone();
+        chk["prevResult"] = res.clone();
+        let (ok, out) = env.sriov("CHECK", "c-bank", "net1", &env.pod.path(), &chk);
+        if version == "0.3.1" {
+            // CHECK is not defined before 0.4.0; the skel still runs it, and it passes.
+            assert!(ok, "{out}");
+        } else {
+            assert!(ok, "{version} CHECK: {out}");
+        }
+        run(&[
+            "ip",
+            "-n",
+            &env.pod.name,
+            "link",
+            "set",
+            "net1",
+            "mtu",
+            "1400",
+        ]);
+        let (ok, out) = env.sriov("CHECK", "c-bank", "net1", &env.pod.path(), &chk);
+        assert!(!ok, "CHECK must notice the MTU change");
+        assert!(
+            out["details"]
+                .as_str()
+                .unwrap()
+                .contains("MTU 1400 want 9000"),
+            "{out}"
+        );
+
+        let (ok, out) = env.sriov("DEL", "c-bank", "net1", &env.pod.path(), &conf);
+        assert!(ok, "{version} DEL: {out}");
+        assert_restored(&env, 0, &before, &pf_before);
+        assert!(env.link(&env.pod.name, "net1").is_none());
+        assert!(env.ipam_log().contains("DEL c-bank net1"), "IPAM released");
+        let left: Vec<_> = std::fs::read_dir(env.state_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .collect();
+        assert!(left.is_empty(), "state files left: {left:?}");
+    }
+}
+
+#[test]
+fn pod_netns_deleted_before_del_restores_original_name() {
+    let env = Env::new(2, 0);
+    let mut pods = Vec::new();
+    for i in 0..2u32 {
+        let (pci, name) = vf(i);
+        let before = env.link(&env.host.name, &name).unwrap();
+        let pf_before = env.vf_config(i);
+        let pod = Ns::new("gone");
+        let conf = bank_conf("1.0.0", &pci);
+        let (ok, res) = env.sriov("ADD", &format!("c-gone{i}"), "net1", &pod.path(), &conf);
+        assert!(ok, "{res}");
+        pods.push((pod, before, pf_before, pci, name, conf));
+    }
+    for (i, (pod, before, pf_before, pci, name, conf)) in pods.iter_mut().enumerate() {
+        // Emulate the kernel's default_device_exit_net: a physical netdev in a dying netns is
+        // returned to init_net as dev<ifindex>; sysfs then shows the new name. (veth would be
+        // destroyed instead, so the test moves it first.)
+        let l = env.link(&pod.name, "net1").unwrap();
+        let dev = format!("dev{}", l.ifindex);
+        run(&["ip", "-n", &pod.name, "link", "set", "net1", "name", &dev]);
+        run(&[
+            "ip",
+            "-n",
+            &pod.name,
+            "link",
+            "set",
+            &dev,
+            "netns",
+            &env.host.name,
+        ]);
+        if i == 0 {
+            plexus_sriov::fake_sysfs::FakeSysfs::new(&env.sysfs())
+                .rename_netdev(pci, name, &dev)
+                .unwrap();
+        } // VF 1: sysfs not updated, found through the saved ifindex instead.
+        assert_eq!(
+            env.link(&env.host.name, &dev).unwrap().ifindex,
+            before.ifindex
+        );
+        let path = pod.path();
+        pod.delete();
+        let netns = if i == 0 { path } else { String::new() }; // empty CNI_NETNS is accepted
+        let (ok, out) = env.sriov("DEL", &format!("c-gone{i}"), "net1", &netns, conf);
+        assert!(ok, "DEL after netns deletion: {out}");
+        assert!(
+            env.link(&env.host.name, &dev).is_none(),
+            "{dev} renamed back"
+        );
+        assert_restored(&env, i as u32, before, pf_before);
+    }
+}
+
+#[test]
+fn second_container_is_refused_and_repeated_add_is_an_error() {
+    let env = Env::new(1, 0);
+    let (pci, _) = vf(0);
+    let conf = bank_conf("1.0.0", &pci);
+    let (ok, res) = env.sriov("ADD", "c-one", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{res}");
+    let other = Ns::new("other");
+    let (ok, err) = env.sriov("ADD", "c-two", "net1", &other.path(), &conf);
+    assert!(!ok);
+    assert_eq!(err["code"], 110);
+    let details = err["details"].as_str().unwrap();
+    assert!(
+        details.contains("already attached to container c-one"),
+        "{details}"
+    );
+    assert!(env.link(&other.name, "net1").is_none());
+
+    let (ok, err) = env.sriov("ADD", "c-one", "net1", &env.pod.path(), &conf);
+    assert!(!ok, "repeated ADD must fail");
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("already attached"),
+        "{err}"
+    );
+    // The failed ADDs did not disturb the attachment.
+    let c = env.vf_config(0);
+    assert_eq!(c.vlan, 100);
+    assert!(env.link(&env.pod.name, "net1").is_some());
+    let (ok, out) = env.sriov("DEL", "c-one", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn del_twice_and_del_without_add_succeed_and_release_ipam() {
+    let env = Env::new(1, 0);
+    let (pci, name) = vf(0);
+    let conf = bank_conf("1.1.0", &pci);
+    let (ok, out) = env.sriov("DEL", "c-never", "net1", &env.pod.path(), &conf);
+    assert!(ok, "DEL without ADD: {out}");
+    assert!(env.ipam_log().contains("DEL c-never net1"));
+    let before = env.link(&env.host.name, &name).unwrap();
+    let pf_before = env.vf_config(0);
+    let (ok, _) = env.sriov("ADD", "c-twice", "net1", &env.pod.path(), &conf);
+    assert!(ok);
+    for _ in 0..2 {
+        let (ok, out) = env.sriov("DEL", "c-twice", "net1", &env.pod.path(), &conf);
+        assert!(ok, "{out}");
+        assert_restored(&env, 0, &before, &pf_before);
+    }
+}
+
+#[test]
+fn dpdk_mode_add_del() {
+    let env = Env::new(0, 1);
+    let (pci, _) = vf(0);
+    let pf_before = env.vf_config(0);
+    let conf = json!({"cniVersion":"1.1.0","name":"dpdk-net","type":"sriov","deviceID": pci,
+        "vlan": 200, "vlanQoS": 3, "vlanProto": "802.1ad", "mac": "02:77:00:00:00:01",
+        "link_state": "enable", "spoofchk": "off"});
+    let (ok, res) = env.sriov("ADD", "c-dpdk", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{res}");
+    assert_eq!(res["interfaces"][0]["pciID"], pci.as_str());
+    assert_eq!(res["interfaces"][0]["mac"], "02:77:00:00:00:01");
+    let c = env.vf_config(0);
+    assert_eq!(
+        (c.vlan, c.qos, c.proto.to_string().as_str()),
+        (200, 3, "802.1ad")
+    );
+    assert_eq!(c.link_state, plexus_sriov::pf::LinkState::Enable);
+    let (ok, out) = env.sriov("DEL", "c-dpdk", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{out}");
+    assert_eq!(env.vf_config(0), pf_before);
+    let (ok, _) = env.sriov("DEL", "c-dpdk", "net1", &env.pod.path(), &conf);
+    assert!(ok);
+}
+
+#[test]
+fn failed_add_rolls_back_pf_and_netdev_and_names_vf_and_step() {
+    let env = Env::new(1, 0);
+    let (pci, name) = vf(0);
+    let before = env.link(&env.host.name, &name).unwrap();
+    let pf_before = env.vf_config(0);
+    let mut conf = bank_conf("1.0.0", &pci);
+    conf["link_state"] = json!("disable");
+    // sriov-cni #119: link_state fails after the VLAN was set; here everything is undone.
+    env.set_fail_at(Some("set_vf_link_state"));
+    let (ok, err) = env.sriov("ADD", "c-fail", "net1", &env.pod.path(), &conf);
+    assert!(!ok);
+    let d = err["details"].as_str().unwrap();
+    assert!(
+        d.contains(&pci) && d.contains("set VF link state") && d.contains("injected"),
+        "{d}"
+    );
+    assert_restored(&env, 0, &before, &pf_before);
+
+    // A failure after the netdev moved (IPAM plugin missing) also brings it back.
+    conf["ipam"]["type"] = json!("no-such-ipam");
+    let (ok, err) = env.sriov("ADD", "c-fail", "net1", &env.pod.path(), &conf);
+    assert!(!ok);
+    assert!(
+        err["details"].as_str().unwrap().contains("IPAM ADD"),
+        "{err}"
+    );
+    assert_restored(&env, 0, &before, &pf_before);
+    assert!(env.link(&env.pod.name, "net1").is_none());
+    // Nothing is left for DEL, and DEL is still fine.
+    let (ok, _) = env.sriov(
+        "DEL",
+        "c-fail",
+        "net1",
+        &env.pod.path(),
+        &bank_conf("1.0.0", &pci),
+    );
+    assert!(ok);
+}
+
+#[test]
+fn gc_releases_attachments_not_listed_and_status_version_work() {
+    let env = Env::new(2, 0);
+    let mut pods = Vec::new();
+    let befores: Vec<_> = (0..2)
+        .map(|i| env.link(&env.host.name, &vf(i).1).unwrap())
+        .collect();
+    for i in 0..2u32 {
+        let pod = Ns::new("gc");
+        let (ok, res) = env.sriov(
+            "ADD",
+            &format!("c-gc{i}"),
+            "net1",
+            &pod.path(),
+            &bank_conf("1.1.0", &vf(i).0),
+        );
+        assert!(ok, "{res}");
+        pods.push(pod);
+    }
+    let gc = json!({"cniVersion":"1.1.0","name":"bank-net","type":"sriov",
+        "ipam": {"type": "static"},
+        "cni.dev/valid-attachments": [{"containerID": "c-gc0", "ifname": "net1"}]});
+    let (ok, out) = env.sriov("GC", "", "", "", &gc);
+    assert!(ok, "{out}");
+    assert!(
+        env.link(&pods[0].name, "net1").is_some(),
+        "valid attachment kept"
+    );
+    assert_eq!(
+        env.link(&env.host.name, "vf1").as_ref(),
+        Some(&befores[1]),
+        "stale VF returned"
+    );
+    assert!(env.ipam_log().contains("DEL c-gc1 net1"));
+    assert!(!env.ipam_log().contains("DEL c-gc0 net1"));
+
+    let (ok, out) = env.sriov("STATUS", "", "", "", &gc);
+    assert!(ok, "{out}");
+    let (ok, v) = env.sriov("VERSION", "", "", "", &json!({"cniVersion":"1.1.0"}));
+    assert!(ok);
+    assert!(v["supportedVersions"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("1.1.0")));
+}
+
+#[test]
+fn list_shows_vfs_settings_and_holder() {
+    let env = Env::new(1, 1);
+    let (pci, _) = vf(0);
+    let (ok, _) = env.sriov(
+        "ADD",
+        "c-list",
+        "net1",
+        &env.pod.path(),
+        &bank_conf("1.0.0", &pci),
+    );
+    assert!(ok);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sriov"))
+        .args(["list", "--json"])
+        .env("PLEXUS_SYSFS_ROOT", env.sysfs())
+        .env("PLEXUS_SRIOV_STATE_DIR", env.state_dir())
+        .env("PLEXUS_SRIOV_FAKE_PF", env.fake_pf())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 2);
+    assert_eq!(rows[0]["pci"], pci.as_str());
+    assert_eq!(rows[0]["containerId"], "c-list");
+    assert_eq!(rows[0]["config"]["vlan"], 100);
+    assert_eq!(rows[1]["driver"], "vfio-pci");
+    assert!(rows[1]["containerId"].is_null());
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_sriov"))
+        .args(["list", "--sysfs-root"])
+        .arg(env.sysfs())
+        .args(["--state-dir"])
+        .arg(env.state_dir())
+        .env("PLEXUS_SRIOV_FAKE_PF", env.fake_pf())
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        t.starts_with("PF ") && t.contains("c-list") && t.contains("vfio-pci"),
+        "{t}"
+    );
+    let (ok, _) = env.sriov(
+        "DEL",
+        "c-list",
+        "net1",
+        &env.pod.path(),
+        &bank_conf("1.0.0", &pci),
+    );
+    assert!(ok);
+}
