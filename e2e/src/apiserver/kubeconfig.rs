@@ -12,13 +12,20 @@ fn quote(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
 }
 
-/// Kubeconfig YAML text for `server_url` and `token`.
-pub fn render(server_url: &str, token: &str) -> String {
+/// Kubeconfig YAML text for `server_url`, an optional CA (PEM) and `token`.
+pub fn render(server_url: &str, ca_pem: Option<&str>, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = ca_pem
+        .map(|pem| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(pem);
+            format!("    certificate-authority-data: {}\n", quote(&b64))
+        })
+        .unwrap_or_default();
     format!(
         "apiVersion: v1\n\
          kind: Config\n\
          clusters:\n\
-         - name: {n}\n  cluster:\n    server: {server}\n\
+         - name: {n}\n  cluster:\n    server: {server}\n{ca}\
          users:\n\
          - name: {n}\n  user:\n    token: {token}\n\
          contexts:\n\
@@ -31,7 +38,12 @@ pub fn render(server_url: &str, token: &str) -> String {
 }
 
 /// Writes the kubeconfig to `path` with mode 0600 (also when the file already existed).
-pub fn write(path: &Path, server_url: &str, token: &str) -> std::io::Result<()> {
+pub fn write(
+    path: &Path,
+    server_url: &str,
+    ca_pem: Option<&str>,
+    token: &str,
+) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -39,7 +51,7 @@ pub fn write(path: &Path, server_url: &str, token: &str) -> std::io::Result<()> 
         .mode(0o600)
         .open(path)?;
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(render(server_url, token).as_bytes())?;
+    f.write_all(render(server_url, ca_pem, token).as_bytes())?;
     f.sync_all()
 }
 
@@ -53,7 +65,7 @@ mod tests {
         let p = dir.path().join("kubeconfig");
         std::fs::write(&p, "old").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        write(&p, "http://127.0.0.1:1", "t\"ok").unwrap();
+        write(&p, "http://127.0.0.1:1", None, "t\"ok").unwrap();
         let meta = std::fs::metadata(&p).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         let text = std::fs::read_to_string(&p).unwrap();

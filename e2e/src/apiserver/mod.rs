@@ -21,6 +21,7 @@ mod status;
 mod store;
 #[cfg(test)]
 mod tests;
+mod tls;
 mod validate;
 
 use std::net::SocketAddr;
@@ -69,6 +70,9 @@ pub enum ApiServerError {
         #[source]
         source: serde_json::Error,
     },
+    /// Generating the certificate or TLS configuration failed.
+    #[error("TLS setup: {0}")]
+    Tls(#[from] tls::TlsError),
     /// A seeded object is not acceptable (unknown kind, missing or invalid name).
     #[error("invalid object: {0}")]
     InvalidObject(String),
@@ -81,6 +85,8 @@ pub struct TestApiServerOptions {
     pub listen: SocketAddr,
     /// Token for the `/_test/...` admin endpoints; `None` disables them.
     pub admin_token: Option<String>,
+    /// Serve HTTPS with a freshly generated CA (see [`TestApiServer::ca_pem`]).
+    pub tls: bool,
 }
 
 impl Default for TestApiServerOptions {
@@ -88,6 +94,7 @@ impl Default for TestApiServerOptions {
         TestApiServerOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_token: None,
+            tls: false,
         }
     }
 }
@@ -126,6 +133,11 @@ impl TestApiServer {
                 source,
             })?;
         let addr = listener.local_addr().map_err(ApiServerError::Runtime)?;
+        let tls = if opts.tls {
+            Some(tls::generate(addr.ip())?)
+        } else {
+            None
+        };
         let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -151,7 +163,7 @@ impl TestApiServer {
             .recv()
             .map_err(|_| ApiServerError::Runtime(std::io::Error::other("server thread exited")))?
             .map_err(ApiServerError::Runtime)?;
-        let shared = Arc::new(Shared::new(addr, handle, opts.admin_token));
+        let shared = Arc::new(Shared::new(addr, handle, opts.admin_token, tls));
         let server = TestApiServer {
             shared,
             stop: Some(stop_tx),
@@ -170,22 +182,34 @@ impl TestApiServer {
         self.shared.addr
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.shared.addr)
+    }
+
+    /// PEM of the CA that signed the server certificate, when serving TLS.
+    pub fn ca_pem(&self) -> Option<String> {
+        self.shared.tls.as_ref().map(|t| t.ca_pem.clone())
     }
 
     /// Writes a kubeconfig (mode 0600) pointing at this server with `token`.
     pub fn write_kubeconfig(&self, path: &Path, token: &str) -> Result<(), ApiServerError> {
-        kubeconfig::write(path, &self.url(), token).map_err(|source| ApiServerError::Io {
-            path: path.to_path_buf(),
-            source,
+        kubeconfig::write(path, &self.url(), self.ca_pem().as_deref(), token).map_err(|source| {
+            ApiServerError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
         })
     }
 
     /// The kubeconfig text [`write_kubeconfig`](Self::write_kubeconfig) writes.
     pub fn kubeconfig_yaml(&self, token: &str) -> String {
-        kubeconfig::render(&self.url(), token)
+        kubeconfig::render(&self.url(), self.ca_pem().as_deref(), token)
     }
 
     /// Registers `token` for user `test-user` with `access`.

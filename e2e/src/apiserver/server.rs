@@ -23,6 +23,7 @@ use super::log::{RequestLog, RequestRecord};
 use super::routes::{self, Query, Route};
 use super::status::ApiError;
 use super::store::Store;
+use super::tls::Tls;
 use super::{admin, discovery};
 
 /// Largest accepted request body.
@@ -54,6 +55,8 @@ pub struct Shared {
     pub addr: SocketAddr,
     /// The server runtime.
     pub handle: tokio::runtime::Handle,
+    /// TLS material when serving HTTPS.
+    pub tls: Option<Tls>,
     listening: Mutex<Option<Listening>>,
 }
 
@@ -63,6 +66,7 @@ impl Shared {
         addr: SocketAddr,
         handle: tokio::runtime::Handle,
         admin_token: Option<String>,
+        tls: Option<Tls>,
     ) -> Shared {
         Shared {
             store: Mutex::default(),
@@ -72,6 +76,7 @@ impl Shared {
             admin_token,
             addr,
             handle,
+            tls,
             listening: Mutex::new(None),
         }
     }
@@ -132,12 +137,12 @@ async fn accept_loop(
                 Ok((stream, _)) => {
                     let shared = Arc::clone(&shared);
                     conns.spawn(async move {
-                        let svc = service_fn(move |req| serve(Arc::clone(&shared), req));
-                        if let Err(e) = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await
-                        {
-                            tracing::debug!(error = %e, "connection ended with error");
+                        match shared.tls.as_ref().map(|t| t.acceptor.clone()) {
+                            Some(acceptor) => match acceptor.accept(stream).await {
+                                Ok(tls) => serve_io(TokioIo::new(tls), shared).await,
+                                Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
+                            },
+                            None => serve_io(TokioIo::new(stream), shared).await,
                         }
                     });
                 }
@@ -152,6 +157,19 @@ async fn accept_loop(
     drop(listener);
     // Aborting the connection tasks drops their sockets: clients see the connection close.
     conns.shutdown().await;
+}
+
+async fn serve_io<I>(io: I, shared: Arc<Shared>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| serve(Arc::clone(&shared), req));
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, svc)
+        .await
+    {
+        tracing::debug!(error = %e, "connection ended with error");
+    }
 }
 
 /// A JSON response.

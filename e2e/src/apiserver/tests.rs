@@ -657,6 +657,49 @@ fn admin_endpoints_drive_faults_from_another_process() {
     );
 }
 
+#[tokio::test]
+async fn https_with_generated_ca() {
+    let srv = TestApiServer::start(TestApiServerOptions {
+        tls: true,
+        ..Default::default()
+    })
+    .expect("start tls");
+    srv.add_token(TOKEN, Access::Full);
+    srv.put_pod(json!({"metadata": {"name": "p", "namespace": "a"}, "spec": {"containers": []}}))
+        .expect("pod");
+    assert!(srv.url().starts_with("https://127.0.0.1:"));
+    assert!(srv
+        .ca_pem()
+        .expect("ca")
+        .starts_with("-----BEGIN CERTIFICATE-----"));
+    let pods: Api<Pod> = Api::namespaced(client(&srv, TOKEN).await, "a");
+    pods.get("p").await.expect("get over https");
+
+    // Without the CA the client must refuse the server certificate.
+    let mut cfg = Config::new(srv.url().parse().expect("url"));
+    cfg.auth_info.token = Some(TOKEN.to_string().into());
+    let untrusting: Api<Pod> = Api::namespaced(Client::try_from(cfg).expect("client"), "a");
+    match untrusting.get("p").await {
+        Err(kube::Error::Api(s)) => panic!("expected a TLS error, got API status {s:?}"),
+        Err(_) => {}
+        Ok(_) => panic!("an unknown CA was trusted"),
+    }
+    // A plain HTTP request to the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(srv.addr()).expect("connect");
+    plain
+        .write_all(b"GET /api HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut out = Vec::new();
+    let _ = plain.read_to_end(&mut out); // a reset is fine too
+    assert!(
+        !out.starts_with(b"HTTP/"),
+        "plain HTTP was answered on the TLS port"
+    );
+    srv.down();
+    srv.up().expect("up");
+    pods.get("p").await.expect("get over https after down/up");
+}
+
 #[test]
 fn seeding_from_a_directory_and_kubeconfig_mode() {
     use std::os::unix::fs::PermissionsExt;

@@ -2,7 +2,8 @@
 //!
 //! Flags: `--listen ADDR` (default 127.0.0.1:0), `--kubeconfig-out PATH` (kubeconfig with a
 //! generated full-access token), `--token TOKEN` (use this full-access token instead),
-//! `--seed DIR` (load `*.json` objects), `--admin-token TOKEN` (enable `/_test/...`).
+//! `--seed DIR` (load `*.json` objects), `--admin-token TOKEN` (enable `/_test/...`),
+//! `--tls` (HTTPS with a generated CA, written into the kubeconfig).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ struct Args {
     token: Option<String>,
     seed: Option<PathBuf>,
     admin_token: Option<String>,
+    tls: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -26,6 +28,7 @@ fn parse_args() -> Result<Args> {
         token: None,
         seed: None,
         admin_token: None,
+        tls: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -36,8 +39,9 @@ fn parse_args() -> Result<Args> {
             "--token" => args.token = Some(value()?),
             "--seed" => args.seed = Some(value()?.into()),
             "--admin-token" => args.admin_token = Some(value()?),
+            "--tls" => args.tls = true,
             "-h" | "--help" => {
-                eprintln!("usage: plexus-test-apiserver [--listen ADDR] [--kubeconfig-out PATH] [--token TOKEN] [--seed DIR] [--admin-token TOKEN]");
+                eprintln!("usage: plexus-test-apiserver [--listen ADDR] [--kubeconfig-out PATH] [--token TOKEN] [--seed DIR] [--admin-token TOKEN] [--tls]");
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other:?}"),
@@ -55,6 +59,7 @@ fn main() -> Result<()> {
     let server = TestApiServer::start(TestApiServerOptions {
         listen: args.listen,
         admin_token: args.admin_token,
+        tls: args.tls,
     })?;
     let token = args.token.unwrap_or_else(generate_token);
     server.add_token(&token, Access::Full);
