@@ -205,6 +205,42 @@ async fn typed_pod_get_patch_status_and_conflicts() {
 }
 
 #[tokio::test]
+async fn replace_status_takes_annotations_not_spec() {
+    let srv = start();
+    let pods: Api<Pod> = Api::namespaced(client(&srv, TOKEN).await, "a");
+    let mut p = pods.get("p").await.expect("get");
+    p.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("k8s.v1.cni.cncf.io/network-status".into(), "[]".into());
+    if let Some(spec) = p.spec.as_mut() {
+        spec.node_name = Some("elsewhere".into());
+    }
+    let updated = pods
+        .replace_status("p", &PostParams::default(), &p)
+        .await
+        .expect("replace_status");
+    assert!(updated
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key("k8s.v1.cni.cncf.io/network-status"));
+    assert_eq!(
+        updated.spec.and_then(|s| s.node_name).as_deref(),
+        Some("node1")
+    );
+    // The same (now stale) body again: 409.
+    let s = api_err(pods.replace_status("p", &PostParams::default(), &p).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+}
+
+#[test]
+fn server_handle_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<TestApiServer>();
+}
+
+#[tokio::test]
 async fn create_delete_list_and_errors() {
     let srv = start();
     let c = client(&srv, TOKEN).await;
