@@ -382,3 +382,100 @@ fn list_shows_vfs_settings_and_holder() {
     );
     assert!(ok);
 }
+
+#[test]
+fn concurrent_adds_for_one_vf_one_wins_one_is_refused() {
+    let env = std::sync::Arc::new(Env::new(1, 0));
+    let (pci, _) = vf(0);
+    let pods = [Ns::new("ca"), Ns::new("cb")];
+    let results: Vec<(bool, Value)> = std::thread::scope(|s| {
+        let hs: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let env = env.clone();
+                let conf = bank_conf("1.0.0", &pci);
+                let path = p.path();
+                s.spawn(move || env.sriov("ADD", &format!("c-race{i}"), "net1", &path, &conf))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wins = results.iter().filter(|(ok, _)| *ok).count();
+    assert_eq!(wins, 1, "{results:?}");
+    let loser = results.iter().find(|(ok, _)| !*ok).unwrap();
+    assert_eq!(loser.1["code"], 110, "{loser:?}");
+    let w = results.iter().position(|(ok, _)| *ok).unwrap();
+    let (ok, out) = env.sriov(
+        "DEL",
+        &format!("c-race{w}"),
+        "net1",
+        &pods[w].path(),
+        &bank_conf("1.0.0", &pci),
+    );
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn gratuitous_arp_reaches_the_wire() {
+    let env = Env::new(1, 0);
+    let (pci, _) = vf(0);
+    // The veth peer plays the switch/neighbour: it learns the pod's MAC only from our GARP
+    // (the address is configured after link-up, so the kernel's arp_notify cannot send it).
+    run(&[
+        "ip",
+        "-n",
+        &env.host.name,
+        "addr",
+        "add",
+        "10.10.0.1/24",
+        "dev",
+        "vf0p",
+    ]);
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        &env.host.name,
+        "sysctl",
+        "-qw",
+        "net.ipv4.conf.vf0p.arp_accept=1",
+    ]);
+    let (ok, res) = env.sriov(
+        "ADD",
+        "c-garp",
+        "net1",
+        &env.pod.path(),
+        &bank_conf("1.0.0", &pci),
+    );
+    assert!(ok, "{res}");
+    let mut neigh = String::new();
+    for _ in 0..50 {
+        neigh = run(&[
+            "ip",
+            "-n",
+            &env.host.name,
+            "neigh",
+            "show",
+            "10.10.0.5",
+            "dev",
+            "vf0p",
+        ]);
+        if neigh.contains("02:66:00:00:00:01") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        neigh.contains("lladdr 02:66:00:00:00:01"),
+        "neighbour not learned: {neigh:?}"
+    );
+    let (ok, _) = env.sriov(
+        "DEL",
+        "c-garp",
+        "net1",
+        &env.pod.path(),
+        &bank_conf("1.0.0", &pci),
+    );
+    assert!(ok);
+}
