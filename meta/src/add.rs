@@ -115,7 +115,7 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
     let cni_args = CniArgs::parse(&args.args)?;
     let id = PodIdentity::from_args(&cni_args);
     wait_ready(&ctx.config)?;
-    let _lock = ctx.store.lock(&args.container_id)?;
+    let lock = ctx.store.lock(&args.container_id)?;
     let client = if id.is_some() { ctx.client()? } else { None };
     let pod = fetch_pod(ctx, client.as_ref(), id.as_ref())?;
     let label = id
@@ -136,6 +136,7 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
         &requests,
         &nads,
     )?;
+    ctx.store.clear_tombstone(&args.container_id, &args.ifname);
     ctx.store.save(&SavedPlan::new(
         &args.container_id,
         &args.ifname,
@@ -145,17 +146,24 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
     ))?;
     let done = match attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label) {
         Ok(d) => d,
-        Err(e) => {
-            let _ = ctx.store.remove(&args.container_id, &args.ifname);
+        Err(f) => {
+            // A clean rollback leaves nothing for the runtime's DEL to do; otherwise the
+            // saved plan stays so that DEL retries the cleanup.
+            if f.clean {
+                let _ = ctx.store.remove(&args.container_id, &args.ifname);
+                drop(lock);
+                ctx.store.finish_delete(&args.container_id, &args.ifname);
+            }
+            let msg = f.error.to_string();
             post_event(
                 ctx,
                 client.as_ref(),
                 pod.as_ref(),
                 EventType::Warning,
                 "AddInterfaceFailed",
-                &e.to_string(),
+                &msg,
             );
-            return Err(e);
+            return Err(f.error);
         }
     };
     if let (Some(client), Some(p)) = (client.as_ref(), pod.as_ref()) {
@@ -174,9 +182,13 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
             Err(e) => {
                 // The attachments are fine but the pod would carry no status: undo and let the
                 // runtime retry rather than leave a pod that looks single-homed.
-                let _ =
-                    attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label);
-                let _ = ctx.store.remove(&args.container_id, &args.ifname);
+                if attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label)
+                    .is_ok()
+                {
+                    let _ = ctx.store.remove(&args.container_id, &args.ifname);
+                    drop(lock);
+                    ctx.store.finish_delete(&args.container_id, &args.ifname);
+                }
                 return Err(CniError::new(
                     e.cni_code(),
                     format!("{label}: cannot write the network-status annotation"),

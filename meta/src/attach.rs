@@ -37,6 +37,15 @@ fn ctx(pod: &str, a: &PlannedAttachment) -> String {
     format!("{pod}, network {} ({})", a.network, a.ifname)
 }
 
+/// A failed ADD: the error, and whether the rollback removed everything.
+#[derive(Debug)]
+pub struct AddFailure {
+    /// The CNI error to return.
+    pub error: CniError,
+    /// True when every rollback DEL succeeded.
+    pub clean: bool,
+}
+
 /// ADD all attachments. On failure everything added so far (including the failed one, which
 /// may have left partial state) is DELeted in reverse order; the error names the pod, the
 /// network and the cause, plus any rollback failure.
@@ -46,13 +55,14 @@ pub fn add_all(
     container_id: &str,
     netns: &str,
     pod: &str,
-) -> Result<Vec<Attached>, CniError> {
-    let ns = NetNs::open(netns).map_err(|e| {
-        CniError::new(
+) -> Result<Vec<Attached>, AddFailure> {
+    let ns = NetNs::open(netns).map_err(|e| AddFailure {
+        error: CniError::new(
             code::UNKNOWN_CONTAINER,
             format!("{pod}: cannot open the pod network namespace"),
             e.to_string(),
-        )
+        ),
+        clean: true,
     })?;
     let mut undo: Vec<usize> = Vec::new();
     let mut done = Vec::new();
@@ -91,18 +101,24 @@ pub fn add_all(
                     })
                     .collect();
                 if rollback.is_empty() {
-                    return Err(failed);
+                    return Err(AddFailure {
+                        error: failed,
+                        clean: true,
+                    });
                 }
                 let details: Vec<String> = rollback.iter().map(ToString::to_string).collect();
-                return Err(CniError::new(
-                    failed.code,
-                    failed.msg,
-                    format!(
-                        "{}; rollback also failed: {}",
-                        failed.details,
-                        details.join(" / ")
+                return Err(AddFailure {
+                    error: CniError::new(
+                        failed.code,
+                        failed.msg,
+                        format!(
+                            "{}; rollback also failed: {}",
+                            failed.details,
+                            details.join(" / ")
+                        ),
                     ),
-                ));
+                    clean: false,
+                });
             }
         }
     }

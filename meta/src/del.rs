@@ -19,7 +19,11 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
         .as_ref()
         .map(|p| format!("pod {}", p.key()))
         .unwrap_or_else(|| format!("container {}", args.container_id));
-    let _lock = ctx.store.lock(&args.container_id)?;
+    if ctx.store.deleted(&args.container_id, &args.ifname) {
+        tracing::debug!(container = %args.container_id, "already deleted");
+        return Ok(());
+    }
+    let lock = ctx.store.lock(&args.container_id)?;
     let saved = match ctx.store.load(&args.container_id, &args.ifname) {
         Ok(p) => p,
         Err(e) => {
@@ -34,6 +38,8 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
             Err(e) => {
                 // Nothing is known about this container's networks: nothing to undo.
                 tracing::warn!(error = %e, "no attachment plan and none can be rebuilt; nothing to delete");
+                drop(lock);
+                ctx.store.finish_delete(&args.container_id, &args.ifname);
                 return Ok(());
             }
         },
@@ -41,6 +47,10 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
     let res = attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label);
     if res.is_ok() || !ctx.config.retry_delete_on_error {
         ctx.store.remove(&args.container_id, &args.ifname)?;
+    }
+    if res.is_ok() {
+        drop(lock);
+        ctx.store.finish_delete(&args.container_id, &args.ifname);
     }
     res
 }

@@ -131,6 +131,57 @@ impl PlanStore {
         })
     }
 
+    /// After a complete DEL: drop the lock file and leave a tombstone, so that the runtime's
+    /// repeated DELs (typically two more, with an empty netns) return at once without
+    /// rebuilding anything. Tombstones older than an hour are swept on each call.
+    pub fn finish_delete(&self, container_id: &str, ifname: &str) {
+        let t = self
+            .dir
+            .join("tombstones")
+            .join(format!("{container_id}-{ifname}"));
+        if let Err(e) = fsutil::write_atomic(&t, b"", 0o600) {
+            tracing::warn!(error = %e, "cannot write DEL tombstone");
+        }
+        let _ =
+            fsutil::remove_if_exists(&self.dir.join("locks").join(format!("{container_id}.lock")));
+        self.sweep_tombstones(Duration::from_secs(3600));
+    }
+
+    /// Whether a complete DEL already happened for this attachment.
+    pub fn deleted(&self, container_id: &str, ifname: &str) -> bool {
+        self.dir
+            .join("tombstones")
+            .join(format!("{container_id}-{ifname}"))
+            .exists()
+    }
+
+    /// Forget a tombstone (a new ADD for the same container).
+    pub fn clear_tombstone(&self, container_id: &str, ifname: &str) {
+        let _ = fsutil::remove_if_exists(
+            &self
+                .dir
+                .join("tombstones")
+                .join(format!("{container_id}-{ifname}")),
+        );
+    }
+
+    fn sweep_tombstones(&self, max_age: Duration) {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("tombstones")) else {
+            return;
+        };
+        for e in rd.filter_map(Result::ok) {
+            let old = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > max_age);
+            if old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
     /// Every saved plan (for GC).
     pub fn all(&self) -> Vec<SavedPlan> {
         let Ok(rd) = std::fs::read_dir(self.dir.join("plans")) else {
