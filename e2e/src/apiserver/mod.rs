@@ -3,6 +3,28 @@
 //!
 //! It runs on its own thread with its own tokio runtime, so plain `#[test]` functions and
 //! `#[tokio::test]` functions can both use it, and separate processes can reach it over HTTP.
+//!
+//! ```
+//! use std::time::Duration;
+//! use plexus_e2e::{Access, RequestMatcher, TestApiServer, TestApiServerOptions};
+//! use serde_json::json;
+//!
+//! let srv = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+//! srv.add_token("t0k3n", Access::Full);
+//! srv.put_nad("default", "macvlan1", r#"{"cniVersion":"1.0.0","type":"macvlan"}"#, &[]).unwrap();
+//! srv.put_pod(json!({
+//!     "metadata": {"name": "web", "namespace": "default",
+//!                  "annotations": {"k8s.v1.cni.cncf.io/networks": "macvlan1"}},
+//!     "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+//! })).unwrap();
+//! let dir = tempfile::tempdir().unwrap();
+//! srv.write_kubeconfig(&dir.path().join("kubeconfig"), "t0k3n").unwrap();
+//! // ... run plexus with that kubeconfig, then inspect:
+//! srv.fail_next(1, 503, RequestMatcher::method("PATCH").and_path("/status"));
+//! srv.set_latency(Duration::from_millis(100), RequestMatcher::any());
+//! assert_eq!(srv.count_requests("PATCH", "/api/v1/namespaces/default/pods/web/status"), 0);
+//! assert!(srv.get_pod("default", "web").is_some());
+//! ```
 
 mod admin;
 mod auth;

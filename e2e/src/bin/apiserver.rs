@@ -21,7 +21,7 @@ struct Args {
     tls: bool,
 }
 
-fn parse_args() -> Result<Args> {
+fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Option<Args>> {
     let mut args = Args {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         kubeconfig_out: None,
@@ -30,7 +30,7 @@ fn parse_args() -> Result<Args> {
         admin_token: None,
         tls: false,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = argv.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
@@ -40,14 +40,11 @@ fn parse_args() -> Result<Args> {
             "--seed" => args.seed = Some(value()?.into()),
             "--admin-token" => args.admin_token = Some(value()?),
             "--tls" => args.tls = true,
-            "-h" | "--help" => {
-                eprintln!("usage: plexus-test-apiserver [--listen ADDR] [--kubeconfig-out PATH] [--token TOKEN] [--seed DIR] [--admin-token TOKEN] [--tls]");
-                std::process::exit(0);
-            }
+            "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?}"),
         }
     }
-    Ok(args)
+    Ok(Some(args))
 }
 
 fn main() -> Result<()> {
@@ -55,7 +52,10 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    let args = parse_args()?;
+    let Some(args) = parse_args(std::env::args().skip(1))? else {
+        eprintln!("usage: plexus-test-apiserver [--listen ADDR] [--kubeconfig-out PATH] [--token TOKEN] [--seed DIR] [--admin-token TOKEN] [--tls]");
+        return Ok(());
+    };
     let server = TestApiServer::start(TestApiServerOptions {
         listen: args.listen,
         admin_token: args.admin_token,
@@ -88,4 +88,39 @@ fn main() -> Result<()> {
     eprintln!("shutting down");
     server.stop();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Option<Args>> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn flags() {
+        let a = parse(&[
+            "--listen",
+            "127.0.0.1:6443",
+            "--kubeconfig-out",
+            "/tmp/kc",
+            "--seed",
+            "/s",
+            "--admin-token",
+            "adm",
+            "--tls",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.listen, "127.0.0.1:6443".parse().unwrap());
+        assert_eq!(a.kubeconfig_out, Some(PathBuf::from("/tmp/kc")));
+        assert_eq!(a.seed, Some(PathBuf::from("/s")));
+        assert_eq!(a.admin_token.as_deref(), Some("adm"));
+        assert!(a.tls && a.token.is_none());
+        assert!(parse(&["--help"]).unwrap().is_none());
+        assert!(parse(&["--listen"]).is_err());
+        assert!(parse(&["--listen", "nope"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+    }
 }
