@@ -12,8 +12,10 @@ use plexus_delegates::skel::CmdArgs;
 
 use crate::ctx::Ctx;
 use crate::error::SriovError;
+use crate::ipconf::{self, mac6, parse_cidr};
 use crate::netconf::NetConf;
-use crate::nl::{Addr, Link, Netlink, Route};
+use crate::nl::{Link, Netlink};
+use crate::owner;
 use crate::pf::MacAddr;
 use crate::restore::{self, PfField};
 use crate::sysfs::VfMode;
@@ -70,38 +72,8 @@ pub fn add(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<CniResult, S
     let mut loc = ctx.sysfs.find_vf(&vf_pci)?;
     let _lock = ctx.store.lock_vf(&vf_pci)?;
 
-    // Ownership. The state file is keyed by (container, ifname); the allocation by VF.
-    if ctx.store.load(&args.container_id, &args.ifname)?.is_some() {
-        return Err(SriovError::AlreadyAttached {
-            vf: vf_pci,
-            container: args.container_id.clone(),
-            ifname: args.ifname.clone(),
-        });
-    }
-    if let Some(a) = ctx.store.allocation(&vf_pci)? {
-        if a.container_id == args.container_id && a.ifname == args.ifname {
-            return Err(SriovError::AlreadyAttached {
-                vf: vf_pci,
-                container: a.container_id,
-                ifname: a.ifname,
-            });
-        }
-        if !a.netns.is_empty() && NetNs::open(&a.netns).is_ok() {
-            return Err(SriovError::Busy {
-                vf: vf_pci,
-                owner: a.container_id,
-                ifname: a.ifname,
-                netns: a.netns,
-            });
-        }
-        // The previous holder's netns is gone and its DEL never ran: restore the VF from its
-        // state first, so this ADD saves the true original state (not `devN` and its config).
-        tracing::warn!(vf = %vf_pci, owner = %a.container_id, "taking over VF from a dead netns");
-        if let Some(old) = ctx.store.load(&a.container_id, &a.ifname)? {
-            crate::del::release_vf(ctx, &old, None)?;
-            ctx.store.remove(&old.container_id, &old.ifname)?;
-        }
-        ctx.store.clear_allocation(&vf_pci)?;
+    if owner::claim(ctx, args, &vf_pci)? {
+        // A stale holder was released: sysfs may show the netdev under its restored name.
         loc = ctx.sysfs.find_vf(&vf_pci)?;
     }
     let mode = loc.mode()?;
@@ -398,37 +370,11 @@ impl Adder<'_, '_> {
     }
 
     fn configure_ip(&mut self, r: &CniResult) -> Result<(), SriovError> {
-        let idx = self.pod_index;
         let pod = self
             .pod
             .as_mut()
             .ok_or_else(|| SriovError::Other("no pod handle".into()))?;
-        let mut gws: Vec<IpAddr> = Vec::new();
-        for ip in &r.ips {
-            let a = parse_cidr(&ip.address)?;
-            pod.add_address(idx, a)?;
-            if let Some(gw) = &ip.gateway {
-                gws.push(parse_ip(gw)?);
-            }
-        }
-        for rt in &r.routes {
-            let d = parse_cidr(&rt.dst)?;
-            let gw = match &rt.gw {
-                Some(g) => Some(parse_ip(g)?),
-                // libcni ConfigureIface: a route without gw uses the IP config's gateway of the
-                // same family.
-                None => gws.iter().copied().find(|g| g.is_ipv4() == d.ip.is_ipv4()),
-            };
-            pod.add_route(
-                idx,
-                Route {
-                    dst: d.ip,
-                    prefix: d.prefix,
-                    gw,
-                },
-            )?;
-        }
-        Ok(())
+        ipconf::configure(pod, self.pod_index, r)
     }
 
     fn announce(&self, r: &CniResult) {
@@ -490,30 +436,4 @@ impl Adder<'_, '_> {
             }
         }
     }
-}
-
-/// The first 6 bytes of a link-layer address (zero-padded).
-pub fn mac6(b: &[u8]) -> [u8; 6] {
-    let mut m = [0u8; 6];
-    for (d, s) in m.iter_mut().zip(b) {
-        *d = *s;
-    }
-    m
-}
-
-/// Parses `ip/prefix`.
-pub fn parse_cidr(s: &str) -> Result<Addr, SriovError> {
-    let bad = || SriovError::Other(format!("invalid CIDR {s:?} in IPAM result"));
-    let (ip, p) = s.split_once('/').ok_or_else(bad)?;
-    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
-    let prefix: u8 = p.parse().map_err(|_| bad())?;
-    if prefix > if ip.is_ipv4() { 32 } else { 128 } {
-        return Err(bad());
-    }
-    Ok(Addr { ip, prefix })
-}
-
-fn parse_ip(s: &str) -> Result<IpAddr, SriovError> {
-    s.parse()
-        .map_err(|_| SriovError::Other(format!("invalid IP {s:?} in IPAM result")))
 }

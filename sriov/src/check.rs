@@ -6,9 +6,9 @@ use plexus_delegates::ipam;
 use plexus_delegates::netns::NetNs;
 use plexus_delegates::skel::CmdArgs;
 
-use crate::add::{mac6, parse_cidr};
 use crate::ctx::Ctx;
 use crate::error::SriovError;
+use crate::ipconf::{mac6, parse_cidr};
 use crate::netconf::NetConf;
 use crate::nl::Netlink;
 use crate::pf::MacAddr;

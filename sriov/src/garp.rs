@@ -152,7 +152,7 @@ pub fn announce(ifname: &str, ifindex: u32, ips: &[IpAddr]) -> Result<(), SriovE
         std::thread::sleep(pause);
         pause = pause.mul_f32(1.5);
     };
-    let mac = crate::add::mac6(&link.mac);
+    let mac = crate::ipconf::mac6(&link.mac);
     let mut errs = Vec::new();
     for ip in ips {
         let r = match ip {
