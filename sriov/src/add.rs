@@ -72,11 +72,16 @@ pub fn add(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<CniResult, S
     let mut loc = ctx.sysfs.find_vf(&vf_pci)?;
     let _lock = ctx.store.lock_vf(&vf_pci)?;
 
-    if owner::claim(ctx, args, &vf_pci)? {
-        // A stale holder was released: sysfs may show the netdev under its restored name.
+    let claim = owner::claim(ctx, args, &vf_pci)?;
+    if claim != owner::Claim::Free {
         loc = ctx.sysfs.find_vf(&vf_pci)?;
     }
-    let mode = loc.mode()?;
+    let mut mode = loc.mode()?;
+    if let (VfMode::Netdev(_), owner::Claim::TookOver(Some(name))) = (&mode, &claim) {
+        // The release just renamed the netdev back; sysfs may not have caught up (a fake
+        // tree never does), the restored name is authoritative.
+        mode = VfMode::Netdev(name.clone());
+    }
 
     let applied = Applied {
         vlan: conf.vlan.is_some(),

@@ -6,9 +6,18 @@ use plexus_delegates::skel::CmdArgs;
 use crate::ctx::Ctx;
 use crate::error::SriovError;
 
-/// Checks that (container, ifname) may take `vf_pci` (the per-VF lock must be held). Returns
-/// true when a stale holder (netns gone, DEL never ran) was released first.
-pub fn claim(ctx: &Ctx<'_>, args: &CmdArgs, vf_pci: &str) -> Result<bool, SriovError> {
+/// What [`claim`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Nobody held the VF.
+    Free,
+    /// A stale holder (netns gone, DEL never ran) was released first; the VF netdev, if it has
+    /// one, is back under this host name.
+    TookOver(Option<String>),
+}
+
+/// Checks that (container, ifname) may take `vf_pci` (the per-VF lock must be held).
+pub fn claim(ctx: &Ctx<'_>, args: &CmdArgs, vf_pci: &str) -> Result<Claim, SriovError> {
     // The state file is keyed by (container, ifname); the allocation by VF.
     if ctx.store.load(&args.container_id, &args.ifname)?.is_some() {
         return Err(SriovError::AlreadyAttached {
@@ -36,12 +45,14 @@ pub fn claim(ctx: &Ctx<'_>, args: &CmdArgs, vf_pci: &str) -> Result<bool, SriovE
         // The previous holder's netns is gone and its DEL never ran: restore the VF from its
         // state first, so this ADD saves the true original state (not `devN` and its config).
         tracing::warn!(vf = %vf_pci, owner = %a.container_id, "taking over VF from a dead netns");
+        let mut name = None;
         if let Some(old) = ctx.store.load(&a.container_id, &a.ifname)? {
             crate::del::release_vf(ctx, &old, None)?;
             ctx.store.remove(&old.container_id, &old.ifname)?;
+            name = old.orig_netdev.map(|o| o.name);
         }
         ctx.store.clear_allocation(vf_pci)?;
-        return Ok(true);
+        return Ok(Claim::TookOver(name));
     }
-    Ok(false)
+    Ok(Claim::Free)
 }

@@ -479,3 +479,45 @@ fn gratuitous_arp_reaches_the_wire() {
     );
     assert!(ok);
 }
+
+#[test]
+fn dead_holder_is_taken_over_without_losing_the_original_state() {
+    let env = Env::new(1, 0);
+    let (pci, name) = vf(0);
+    let before = env.link(&env.host.name, &name).unwrap();
+    let pf_before = env.vf_config(0);
+    let conf = bank_conf("1.0.0", &pci);
+    let mut old = Ns::new("old");
+    let (ok, res) = env.sriov("ADD", "c-old", "net1", &old.path(), &conf);
+    assert!(ok, "{res}");
+    // The pod dies without a DEL (kubelet lost, node reboot): kernel returns the VF as devN.
+    let l = env.link(&old.name, "net1").unwrap();
+    let dev = format!("dev{}", l.ifindex);
+    run(&["ip", "-n", &old.name, "link", "set", "net1", "name", &dev]);
+    run(&[
+        "ip",
+        "-n",
+        &old.name,
+        "link",
+        "set",
+        &dev,
+        "netns",
+        &env.host.name,
+    ]);
+    plexus_sriov::fake_sysfs::FakeSysfs::new(&env.sysfs())
+        .rename_netdev(&pci, &name, &dev)
+        .unwrap();
+    old.delete();
+
+    let (ok, res) = env.sriov("ADD", "c-new", "net1", &env.pod.path(), &conf);
+    assert!(ok, "takeover ADD: {res}");
+    // The late DEL of the dead pod must not touch the VF the new pod holds (sriov-cni #219).
+    let (ok, out) = env.sriov("DEL", "c-old", "net1", "", &conf);
+    assert!(ok, "{out}");
+    assert!(env.link(&env.pod.name, "net1").is_some());
+    assert_eq!(env.vf_config(0).vlan, 100);
+    let (ok, out) = env.sriov("DEL", "c-new", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{out}");
+    // Original name, not the dev<N> the new ADD found.
+    assert_restored(&env, 0, &before, &pf_before);
+}
