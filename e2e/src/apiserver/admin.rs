@@ -8,7 +8,8 @@
 //! | `PUT /_test/latency` | `{"ms":200,"method":"PATCH","pathContains":"/status"}` | add latency |
 //! | `DELETE /_test/latency` | | remove latency |
 //! | `POST /_test/fail` | `{"count":2,"code":503,"method":..,"pathContains":..}` | fail next N |
-//! | `DELETE /_test/fail` | | remove pending failures |
+//! | `POST /_test/drop` | `{"count":1,"method":..,"pathContains":..}` | close the connection of the next N, unanswered |
+//! | `DELETE /_test/fail` | | remove pending failures and drops |
 //! | `POST /_test/down` | `{"ms":1000}` | after answering, go down for `ms`, then up on the same port |
 //! | `POST /_test/tokens` | `{"token":"t","user":"u","access":"full\|read-only\|none"}` | register a token |
 
@@ -39,6 +40,13 @@ struct LatencyBody {
 struct FailBody {
     count: u32,
     code: u16,
+    #[serde(flatten)]
+    matcher: RequestMatcher,
+}
+
+#[derive(Deserialize)]
+struct DropBody {
+    count: u32,
     #[serde(flatten)]
     matcher: RequestMatcher,
 }
@@ -115,6 +123,11 @@ fn route(
                 return Err(ApiError::bad_request("code must be a 4xx or 5xx status"));
             }
             lock(&shared.faults).fail_next(b.count, b.code, b.matcher);
+            ok
+        }
+        ("POST", "/_test/drop") => {
+            let b: DropBody = parse(body)?;
+            lock(&shared.faults).drop_next(b.count, b.matcher);
             ok
         }
         ("DELETE", "/_test/fail") => {

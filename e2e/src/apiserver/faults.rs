@@ -56,10 +56,19 @@ impl RequestMatcher {
     }
 }
 
+/// What an injected failure does to a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Answer with this 4xx/5xx code and a `Status` body.
+    Status(u16),
+    /// Close the connection without any response.
+    Drop,
+}
+
 #[derive(Clone, Debug)]
 struct FailRule {
     remaining: u32,
-    code: u16,
+    failure: Failure,
     matcher: RequestMatcher,
 }
 
@@ -83,10 +92,19 @@ impl Faults {
 
     /// Fails the next `count` matching requests with `code`. Rules queue up in order.
     pub fn fail_next(&mut self, count: u32, code: u16, matcher: RequestMatcher) {
+        self.push(count, Failure::Status(code), matcher);
+    }
+
+    /// Closes the connection of the next `count` matching requests without answering.
+    pub fn drop_next(&mut self, count: u32, matcher: RequestMatcher) {
+        self.push(count, Failure::Drop, matcher);
+    }
+
+    fn push(&mut self, count: u32, failure: Failure, matcher: RequestMatcher) {
         if count > 0 {
             self.failures.push(FailRule {
                 remaining: count,
-                code,
+                failure,
                 matcher,
             });
         }
@@ -110,19 +128,19 @@ impl Faults {
             .map(|(d, _)| *d)
     }
 
-    /// Consumes one failure for a request, returning its status code.
-    pub fn take_failure(&mut self, method: &str, path: &str) -> Option<u16> {
+    /// Consumes one failure for a request.
+    pub fn take_failure(&mut self, method: &str, path: &str) -> Option<Failure> {
         let i = self
             .failures
             .iter()
             .position(|r| r.matcher.matches(method, path))?;
         let rule = &mut self.failures[i];
         rule.remaining -= 1;
-        let code = rule.code;
+        let failure = rule.failure;
         if rule.remaining == 0 {
             self.failures.remove(i);
         }
-        Some(code)
+        Some(failure)
     }
 }
 
@@ -135,17 +153,25 @@ mod tests {
         let mut f = Faults::default();
         f.fail_next(2, 503, RequestMatcher::method("patch").and_path("/status"));
         f.fail_next(1, 500, RequestMatcher::any());
+        f.drop_next(1, RequestMatcher::method("DELETE"));
         assert_eq!(
             f.take_failure("PATCH", "/api/v1/namespaces/a/pods/p/status"),
-            Some(503)
+            Some(Failure::Status(503))
         );
         assert_eq!(
             f.take_failure("GET", "/api/v1/namespaces/a/pods/p"),
-            Some(500)
+            Some(Failure::Status(500))
+        );
+        assert_eq!(
+            f.take_failure("DELETE", "/api/v1/namespaces/a/pods/p"),
+            Some(Failure::Drop)
         );
         assert_eq!(f.take_failure("GET", "/api/v1/namespaces/a/pods/p"), None);
         assert_eq!(f.pending_failures(), 1);
-        assert_eq!(f.take_failure("PATCH", "/x/status"), Some(503));
+        assert_eq!(
+            f.take_failure("PATCH", "/x/status"),
+            Some(Failure::Status(503))
+        );
         assert_eq!(f.take_failure("PATCH", "/x/status"), None);
     }
 

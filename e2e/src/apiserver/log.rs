@@ -16,14 +16,14 @@ pub struct RequestRecord {
     pub query: Option<String>,
     /// `Content-Type` header, if any.
     pub content_type: Option<String>,
-    /// Response status code.
+    /// Response status code; 0 when the connection was dropped without an answer.
     pub status: u16,
     /// Time from receiving the request head to producing the response.
     #[serde(rename = "durationMs", serialize_with = "as_millis")]
     pub duration: Duration,
     /// Authenticated user, if any (never the token).
     pub user: Option<String>,
-    /// Whether the response was an injected failure.
+    /// Whether the response was an injected failure (status or dropped connection).
     pub injected: bool,
 }
 

@@ -280,12 +280,39 @@ impl TestApiServer {
         lock(&self.shared.faults).fail_next(count, code, matcher);
     }
 
-    /// Removes pending injected failures.
+    /// Closes the connection of the next `count` matching requests without any response
+    /// (clients see an incomplete message / connection reset). Logged with status 0.
+    pub fn drop_next(&self, count: u32, matcher: RequestMatcher) {
+        lock(&self.shared.faults).drop_next(count, matcher);
+    }
+
+    /// Waits until at least `n` recorded requests have `method` and a path starting with
+    /// `path_prefix`; returns whether that happened within `timeout`.
+    pub fn wait_for_requests(
+        &self,
+        method: &str,
+        path_prefix: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.count_requests(method, path_prefix) >= n {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Removes pending injected failures and drops.
     pub fn clear_failures(&self) {
         lock(&self.shared.faults).clear_failures();
     }
 
-    /// Injected failures not yet consumed.
+    /// Injected failures and drops not yet consumed.
     pub fn pending_failures(&self) -> u32 {
         lock(&self.shared.faults).pending_failures()
     }

@@ -1,7 +1,6 @@
 //! The HTTP side: listener up/down, connection serving, faults, authentication, authorization,
 //! request logging and dispatch to discovery or resource handlers.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -17,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::auth::Tokens;
-use super::faults::Faults;
+use super::faults::{Failure, Faults};
 use super::handlers::{self, ApiRequest};
 use super::log::{RequestLog, RequestRecord};
 use super::routes::{self, Query, Route};
@@ -208,10 +207,15 @@ fn header_str(req: &http::request::Parts, name: header::HeaderName) -> Option<&s
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Returned to hyper to close a connection without answering (an injected drop).
+#[derive(Debug, thiserror::Error)]
+#[error("injected connection drop")]
+pub struct InjectedDrop;
+
 async fn serve(
     shared: Arc<Shared>,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Full<Bytes>>, InjectedDrop> {
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
@@ -229,7 +233,20 @@ async fn serve(
     }
     let injected = lock(&shared.faults).take_failure(method.as_str(), &path);
     let (resp, user) = match injected {
-        Some(code) => (error_response(&ApiError::injected(code)), None),
+        Some(Failure::Drop) => {
+            lock(&shared.log).push(RequestRecord {
+                method: method.to_string(),
+                path,
+                query,
+                content_type,
+                status: 0,
+                duration: start.elapsed(),
+                user: None,
+                injected: true,
+            });
+            return Err(InjectedDrop);
+        }
+        Some(Failure::Status(code)) => (error_response(&ApiError::injected(code)), None),
         None => match read_body(body, MAX_BODY).await {
             Ok(bytes) => api(
                 &shared,

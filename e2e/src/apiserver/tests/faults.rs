@@ -75,6 +75,45 @@ async fn faults_latency_failures_and_request_log() {
         1
     );
     assert_eq!(srv.count_requests("GET", "/api/v1/namespaces/a/pods/"), 3);
+
+    // A dropped connection is a transport error, not an API status; the pod is untouched.
+    srv.drop_next(1, RequestMatcher::method("PATCH"));
+    match pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => panic!("expected a transport error, got API status {s:?}"),
+        Err(_) => {}
+        Ok(_) => panic!("a dropped request succeeded"),
+    }
+    let last = srv.requests().into_iter().last().expect("record");
+    assert_eq!(
+        (last.method.as_str(), last.status, last.injected),
+        ("PATCH", 0, true)
+    );
+    assert_eq!(
+        srv.get_pod("a", "p").expect("pod")["status"]["phase"],
+        "Running"
+    );
+    pods.get("p")
+        .await
+        .expect("the client reconnects after a drop");
+    assert!(srv.wait_for_requests(
+        "GET",
+        "/api/v1/namespaces/a/pods/p",
+        4,
+        Duration::from_secs(1)
+    ));
+    assert!(!srv.wait_for_requests(
+        "GET",
+        "/api/v1/namespaces/a/pods/p",
+        99,
+        Duration::from_millis(50)
+    ));
 }
 
 #[tokio::test]
