@@ -141,7 +141,14 @@ impl Adder<'_, '_> {
     fn run(&mut self, mode: &VfMode) -> StepResult<CniResult> {
         let netdev = match mode {
             VfMode::Netdev(name) => Some(at("prepare netdev", self.prepare_netdev(name))?),
-            VfMode::Userspace(_) => None,
+            VfMode::Userspace(_) => {
+                // No netdev to move, but the sandbox must exist (sriov-cni opens it too).
+                at(
+                    "open pod netns",
+                    NetNs::open(&self.args.netns).map_err(ns_err),
+                )?;
+                None
+            }
         };
         // Save the original state before the first change (sriov-cni writes it at the end, so
         // a failed or interrupted ADD could not be undone: #119, #212).
@@ -322,6 +329,15 @@ impl Adder<'_, '_> {
             "set netdev down",
             host.set_up(link.index, false).map_err(Into::into),
         )?;
+        if link.altnames.contains(&self.args.ifname) {
+            // A device cannot take a name it already carries as an altname (a stale one from
+            // an earlier pod, sriov-cni #445): drop it.
+            at(
+                "delete stale altname",
+                host.del_altname(link.index, &self.args.ifname)
+                    .map_err(Into::into),
+            )?;
+        }
         at(
             "move netdev into pod netns",
             host.set_netns(link.index, pod_fd, Some(&self.args.ifname))
@@ -346,6 +362,15 @@ impl Adder<'_, '_> {
             )
         })?;
         self.pod_index = l.index;
+        if let Some(orig) = &self.st.orig_netdev {
+            if l.altnames.contains(&orig.name) {
+                // The host name as an altname would block the move back (sriov-cni #250).
+                at(
+                    "delete host-name altname",
+                    pod.del_altname(l.index, &orig.name).map_err(Into::into),
+                )?;
+            }
+        }
         if let Some(mac) = self.conf.mac {
             at(
                 "set netdev MAC",

@@ -123,7 +123,7 @@ fn netdev_home(
     }
     let names = ctx.sysfs.vf_netdevs(&st.vf_pci).unwrap_or_default();
     match restore::find_in_host(&mut host, &names, orig)? {
-        Some(l) => restore::restore_in_host(&mut host, &l, orig),
+        Some(l) => restore::restore_in_host(&mut host, &l, orig, &st.ifname),
         None => {
             // Not in the pod and not in the host: nothing we can restore (e.g. the driver was
             // unbound). Reported as a warning, not an error, so DEL does not loop forever.

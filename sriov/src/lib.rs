@@ -114,7 +114,9 @@ pub fn list_main(argv: &[String], settings: &Settings) -> Result<String, String>
     let ctx = Ctx::new(pf.as_ref(), &s, None);
     let rows = list::collect(&ctx).map_err(|e| e.to_string())?;
     if o.json {
-        serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())
+        serde_json::to_string_pretty(&rows)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
     } else {
         Ok(list::table(&rows))
     }

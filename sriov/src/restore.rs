@@ -104,12 +104,18 @@ pub fn restore_pf(pf: &dyn PfVfConfig, st: &VfState) -> Vec<SriovError> {
     errs
 }
 
-/// Restores name, MAC and MTU of a VF netdev that is in the host netns (down while renaming).
+/// Restores name, MAC and MTU of a VF netdev that is in the host netns (down while renaming),
+/// and drops an altname equal to the pod ifname (kernels that keep the old name as an altname
+/// on rename would otherwise block the next attach, sriov-cni #445).
 pub fn restore_in_host(
     host: &mut Netlink,
     link: &Link,
     orig: &NetdevOrig,
+    pod_ifname: &str,
 ) -> Result<(), SriovError> {
+    if link.altnames.iter().any(|a| a == pod_ifname) {
+        host.del_altname(link.index, pod_ifname)?;
+    }
     if link.name != orig.name {
         host.set_up(link.index, false)?;
         host.set_name(link.index, &orig.name)?;

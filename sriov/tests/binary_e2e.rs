@@ -521,3 +521,41 @@ fn dead_holder_is_taken_over_without_losing_the_original_state() {
     // Original name, not the dev<N> the new ADD found.
     assert_restored(&env, 0, &before, &pf_before);
 }
+
+#[test]
+fn stale_altname_equal_to_pod_ifname_does_not_block_attach() {
+    let env = Env::new(1, 0);
+    let (pci, name) = vf(0);
+    // Left behind by an earlier pod on kernels that keep renamed names as altnames (#445).
+    run(&[
+        "ip",
+        "-n",
+        &env.host.name,
+        "link",
+        "property",
+        "add",
+        "dev",
+        &name,
+        "altname",
+        "net1",
+    ]);
+    let before = env.link(&env.host.name, &name).unwrap();
+    let conf = bank_conf("1.0.0", &pci);
+    let (ok, res) = env.sriov("ADD", "c-alt", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{res}");
+    assert!(env.link(&env.pod.name, "net1").is_some());
+    let (ok, out) = env.sriov("DEL", "c-alt", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{out}");
+    assert_eq!(env.link(&env.host.name, &name).as_ref(), Some(&before));
+    let alt = run(&[
+        "ip",
+        "-n",
+        &env.host.name,
+        "-j",
+        "link",
+        "show",
+        "dev",
+        &name,
+    ]);
+    assert!(!alt.contains("\"net1\""), "stale altname dropped: {alt}");
+}
