@@ -115,7 +115,6 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
     let cni_args = CniArgs::parse(&args.args)?;
     let id = PodIdentity::from_args(&cni_args);
     wait_ready(&ctx.config)?;
-    let lock = ctx.store.lock(&args.container_id)?;
     let client = if id.is_some() { ctx.client()? } else { None };
     let pod = fetch_pod(ctx, client.as_ref(), id.as_ref())?;
     let label = id
@@ -136,6 +135,8 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
         &requests,
         &nads,
     )?;
+    // Planning has no side effects; from here on state is written, under the container lock.
+    let lock = ctx.store.lock(&args.container_id)?;
     ctx.store.clear_tombstone(&args.container_id, &args.ifname);
     ctx.store.save(&SavedPlan::new(
         &args.container_id,

@@ -110,7 +110,7 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
             .iter()
             .any(|(c, i)| *c == plan.container_id && *i == plan.ifname);
         if !is_valid {
-            let _lock = ctx.store.lock(&plan.container_id)?;
+            let lock = ctx.store.lock(&plan.container_id)?;
             let label = format!("container {}", plan.container_id);
             match attach::del_all(
                 &ctx.runtime,
@@ -119,7 +119,11 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
                 "",
                 &label,
             ) {
-                Ok(()) => ctx.store.remove(&plan.container_id, &plan.ifname)?,
+                Ok(()) => {
+                    ctx.store.remove(&plan.container_id, &plan.ifname)?;
+                    drop(lock);
+                    ctx.store.finish_delete(&plan.container_id, &plan.ifname);
+                }
                 Err(e) => errors.push(e),
             }
             continue;

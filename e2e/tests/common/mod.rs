@@ -1,0 +1,270 @@
+//! Shared helpers for the end-to-end tests: uniquely named namespaces and links removed on drop,
+//! running the real `plexus` binary with the CNI protocol, and reading kernel state with `ip -j`.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Where the Debian plugins live.
+pub const CNI_BIN: &str = "/usr/lib/cni";
+
+/// A unique short name (interface names are at most 15 bytes).
+pub fn uniq(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}{}",
+        std::process::id() % 10000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// The workspace's target directory binary `name` (built by `cargo build --workspace --bins`).
+pub fn bin(name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(format!("PLEXUS_{}_BIN", name.to_uppercase())) {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    let p = target.join("debug").join(name);
+    assert!(
+        p.exists(),
+        "{} not built: run `cargo build --workspace --bins` first",
+        p.display()
+    );
+    p
+}
+
+/// Run `ip` with args; stdout.
+pub fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Netns {
+    /// Its name.
+    pub name: String,
+}
+
+impl Netns {
+    /// Create one.
+    pub fn new() -> Netns {
+        let name = uniq("pxe");
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip netns add {name}");
+        Netns { name }
+    }
+    /// `/run/netns/<name>`
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+    /// `ip -n <ns> <args>` output.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        ip(&a)
+    }
+    /// Link names in the namespace.
+    pub fn links(&self) -> Vec<String> {
+        let v: Value = serde_json::from_str(&self.ip(&["-j", "link", "show"])).unwrap_or(json!([]));
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+            .collect()
+    }
+    /// IPv4/IPv6 addresses (CIDR) of an interface.
+    pub fn addrs(&self, ifname: &str) -> Vec<String> {
+        let v: Value = serde_json::from_str(&self.ip(&["-j", "addr", "show", "dev", ifname]))
+            .unwrap_or(json!([]));
+        v.as_array()
+            .and_then(|a| a.first())
+            .and_then(|l| l["addr_info"].as_array())
+            .map(|a| {
+                a.iter()
+                    .filter(|i| i["scope"] != "link")
+                    .map(|i| format!("{}/{}", i["local"].as_str().unwrap(), i["prefixlen"]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    /// MAC of an interface.
+    pub fn mac(&self, ifname: &str) -> String {
+        let v: Value =
+            serde_json::from_str(&self.ip(&["-j", "link", "show", ifname])).unwrap_or(json!([]));
+        v[0]["address"].as_str().unwrap_or("").to_string()
+    }
+    /// `ip route` text.
+    pub fn routes(&self) -> String {
+        self.ip(&["route"])
+    }
+    /// Delete the namespace now (for "netns gone" cases).
+    pub fn delete(&self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
+
+/// A host link (bridge, veth) deleted on drop.
+pub struct HostLink(pub String);
+
+impl HostLink {
+    /// A veth pair whose first end (returned) is up: a macvlan master.
+    pub fn veth_master() -> HostLink {
+        let a = uniq("pxm");
+        let b = uniq("pxp");
+        let ok = Command::new("ip")
+            .args(["link", "add", &a, "type", "veth", "peer", "name", &b])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        ip(&["link", "set", &a, "up"]);
+        ip(&["link", "set", &b, "up"]);
+        HostLink(a)
+    }
+    /// A name for a bridge a plugin will create (deleted on drop).
+    pub fn bridge_name() -> HostLink {
+        HostLink(uniq("pxbr"))
+    }
+}
+
+impl Drop for HostLink {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// What a plugin run printed.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit code.
+    pub code: i32,
+    /// Parsed stdout (Null when empty).
+    pub out: Value,
+    /// stderr text.
+    pub stderr: String,
+}
+
+impl Run {
+    /// Assert success and return stdout.
+    pub fn ok(&self) -> &Value {
+        assert_eq!(
+            self.code, 0,
+            "plugin failed: {} / {}",
+            self.out, self.stderr
+        );
+        &self.out
+    }
+    /// Assert failure and return the error object.
+    pub fn err(&self) -> &Value {
+        assert_ne!(self.code, 0, "plugin unexpectedly succeeded: {}", self.out);
+        &self.out
+    }
+}
+
+/// One CNI call of a binary.
+pub struct Call<'a> {
+    /// `CNI_COMMAND`
+    pub command: &'a str,
+    /// `CNI_CONTAINERID`
+    pub container_id: &'a str,
+    /// `CNI_NETNS`
+    pub netns: &'a str,
+    /// `CNI_IFNAME`
+    pub ifname: &'a str,
+    /// `CNI_ARGS`
+    pub args: &'a str,
+}
+
+/// Run `binary` with the call's environment and `stdin`.
+pub fn run(binary: &Path, call: &Call<'_>, stdin: &Value, extra_env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(binary);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("CNI_COMMAND", call.command)
+        .env("CNI_CONTAINERID", call.container_id)
+        .env("CNI_NETNS", call.netns)
+        .env("CNI_IFNAME", call.ifname)
+        .env("CNI_ARGS", call.args)
+        .env("CNI_PATH", CNI_BIN)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn plugin");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        out: if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| json!({"raw": text}))
+        },
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Files under a directory, recursively (relative paths), excluding lock files.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, d: &Path, out: &mut Vec<String>) {
+        let Ok(rd) = std::fs::read_dir(d) else { return };
+        for e in rd.filter_map(Result::ok) {
+            let p = e.path();
+            if p.is_dir() {
+                walk(base, &p, out);
+            } else {
+                let rel = p.strip_prefix(base).unwrap().display().to_string();
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                if name != "lock"
+                    && !name.starts_with("last_reserved_ip")
+                    && !rel.starts_with("tombstones")
+                {
+                    out.push(rel);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// A flannel-shaped default network: bridge + host-local on a /24 of 10.244.0.0/16.
+pub fn flannel_like(bridge: &str, subnet_octet: u8, ipam_dir: &Path) -> Value {
+    json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[
+        {"type":"bridge","bridge":bridge,"isGateway":true,"isDefaultGateway":true,"ipMasq":false,"hairpinMode":true,
+         "ipam":{"type":"host-local","dataDir":ipam_dir,"ranges":[[{"subnet":format!("10.244.{subnet_octet}.0/24")}]],"routes":[{"dst":"10.244.0.0/16","gw":format!("10.244.{subnet_octet}.1")}]}}]})
+}

@@ -1,0 +1,481 @@
+//! plexus driven by pods and NADs in the test API server (real HTTP, real kube client), with
+//! the Debian plugins in real network namespaces.
+
+mod common;
+
+use common::*;
+use plexus_e2e::{Access, RequestMatcher, TestApiServer, TestApiServerOptions};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// A node: API server, plexus state dirs, a default bridge network and a macvlan master.
+struct Node {
+    api: TestApiServer,
+    dir: tempfile::TempDir,
+    bridge: HostLink,
+    master: HostLink,
+    octet: u8,
+    extra: Value,
+}
+
+impl Node {
+    fn new(octet: u8) -> Node {
+        let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+        api.add_token("node-token", Access::Full);
+        let dir = tempfile::tempdir().unwrap();
+        api.write_kubeconfig(&dir.path().join("kubeconfig"), "node-token")
+            .unwrap();
+        for ns in ["default", "db", "other", "kube-system"] {
+            api.put_namespace(ns).unwrap();
+        }
+        Node {
+            api,
+            dir,
+            bridge: HostLink::bridge_name(),
+            master: HostLink::veth_master(),
+            octet,
+            extra: json!({}),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn config(&self) -> Value {
+        let mut c = json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
+            "kubeconfig": self.path("kubeconfig"), "cniDir": self.path("state"), "binDir": CNI_BIN,
+            "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path("plexus.log"), "logToStderr": false,
+            "delegates":[flannel_like(&self.bridge.0, self.octet, &self.path("ipam"))]});
+        for (k, v) in self.extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    }
+
+    fn macvlan_nad(&self, ns: &str, name: &str, ipam: Value) {
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":self.master.0,"mode":"bridge","ipam":ipam});
+        self.api.put_nad(ns, name, &cfg.to_string(), &[]).unwrap();
+    }
+
+    fn host_local(&self, subnet: &str) -> Value {
+        json!({"type":"host-local","dataDir":self.path("ipam"),"ranges":[[{"subnet":subnet}]]})
+    }
+
+    fn pod(&self, ns: &str, name: &str, annotations: Value) -> String {
+        let uid = format!("uid-{name}");
+        self.api
+            .put_pod(json!({"metadata":{"name":name,"namespace":ns,"uid":uid,"annotations":annotations},"spec":{"containers":[{"name":"c","image":"x"}]}}))
+            .unwrap();
+        uid
+    }
+
+    fn args(ns: &str, name: &str, uid: &str) -> String {
+        format!("K8S_POD_INFRA_CONTAINER_ID=cid-{name};K8S_POD_UID={uid};IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}")
+    }
+
+    fn call(&self, command: &str, cid: &str, netns: &str, args: &str) -> Run {
+        run(
+            &bin("plexus"),
+            &Call {
+                command,
+                container_id: cid,
+                netns,
+                ifname: "eth0",
+                args,
+            },
+            &self.config(),
+            &[],
+        )
+    }
+
+    fn status(&self, ns: &str, name: &str) -> Value {
+        let pod = self.api.get_pod(ns, name).unwrap();
+        let s = pod["metadata"]["annotations"][STATUS]
+            .as_str()
+            .unwrap_or("[]")
+            .to_string();
+        serde_json::from_str(&s).unwrap()
+    }
+
+    fn leftovers(&self) -> Vec<String> {
+        let mut v = files_under(&self.path("state"));
+        v.extend(files_under(&self.path("ipam")));
+        v
+    }
+}
+
+#[test]
+fn three_extra_networks_both_forms_status_events_and_request_budget() {
+    let node = Node::new(31);
+    node.macvlan_nad("db", "mv-a", node.host_local("10.131.1.0/24"));
+    node.macvlan_nad("db", "mv-b", node.host_local("10.131.2.0/24"));
+    node.macvlan_nad("default", "mv-c", node.host_local("10.131.3.0/24"));
+    for (form, value) in [
+        ("comma", json!("mv-a,db/mv-b@data0,default/mv-c")),
+        (
+            "json",
+            json!(
+                r#"[{"name":"mv-a"},{"name":"mv-b","namespace":"db","interface":"data0"},{"name":"mv-c","namespace":"default"}]"#
+            ),
+        ),
+    ] {
+        let ns = Netns::new();
+        let pod = format!("pg-{form}");
+        let uid = node.pod("db", &pod, json!({NETWORKS: value}));
+        node.api.clear_requests();
+        let args = Node::args("db", &pod, &uid);
+        let out = node
+            .call("ADD", &format!("cid-{form}"), &ns.path(), &args)
+            .ok()
+            .clone();
+        // The kubelet gets the default network's result.
+        assert_eq!(out["cniVersion"], "1.0.0");
+        assert!(
+            out["ips"][0]["address"]
+                .as_str()
+                .unwrap()
+                .starts_with("10.244.31."),
+            "{out}"
+        );
+        let mut links = ns.links();
+        links.sort();
+        assert_eq!(links, vec!["data0", "eth0", "lo", "net1", "net3"], "{form}");
+        assert!(ns.addrs("net1")[0].starts_with("10.131.1."));
+        assert!(ns.addrs("data0")[0].starts_with("10.131.2."));
+        assert!(ns.addrs("net3")[0].starts_with("10.131.3."));
+        // network-status: default first, names ns/nad, IPs without prefix, no "<nil>".
+        let st = node.status("db", &pod);
+        let names: Vec<&str> = st
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, vec!["cbr0", "db/mv-a", "db/mv-b", "default/mv-c"]);
+        assert_eq!(st[0]["default"], true);
+        assert_eq!(st[0]["interface"], "eth0");
+        assert_eq!(st[0]["gateway"], json!([format!("10.244.31.1")]));
+        assert_eq!(st[2]["interface"], "data0");
+        assert!(!st[1]["ips"][0].as_str().unwrap().contains('/'));
+        assert_eq!(st[1]["mac"].as_str().unwrap(), ns.mac("net1"));
+        // One summary event.
+        let events = node.api.events("db");
+        let ours: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == pod.as_str())
+            .collect();
+        assert_eq!(ours.len(), 1, "{events:?}");
+        assert_eq!(ours[0]["reason"], "AddedInterface");
+        assert!(ours[0]["message"].as_str().unwrap().contains("data0"));
+        // Request budget: GET pod + 3 NADs + PATCH status + event = N + 3.
+        let reqs = node.api.requests();
+        assert_eq!(reqs.len(), 3 + 3, "{reqs:#?}");
+        assert_eq!(
+            node.api
+                .count_requests("PATCH", &format!("/api/v1/namespaces/db/pods/{pod}/status")),
+            1
+        );
+        // CHECK passes; DEL makes no API request and leaves nothing.
+        node.call("CHECK", &format!("cid-{form}"), &ns.path(), &args)
+            .ok();
+        node.api.clear_requests();
+        node.call("DEL", &format!("cid-{form}"), &ns.path(), &args)
+            .ok();
+        assert_eq!(node.api.requests().len(), 0, "DEL must not call the API");
+        assert_eq!(ns.links(), vec!["lo"]);
+        assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    }
+}
+
+#[test]
+fn pod_without_networks_gets_default_only_and_status() {
+    let node = Node::new(32);
+    let ns = Netns::new();
+    let uid = node.pod("db", "solo", json!({}));
+    node.api.clear_requests();
+    node.call(
+        "ADD",
+        "cid-solo",
+        &ns.path(),
+        &Node::args("db", "solo", &uid),
+    )
+    .ok();
+    assert_eq!(ns.links().len(), 2);
+    assert_eq!(node.status("db", "solo").as_array().unwrap().len(), 1);
+    assert_eq!(node.api.requests().len(), 3, "GET pod, PATCH status, event");
+    node.call(
+        "DEL",
+        "cid-solo",
+        &ns.path(),
+        &Node::args("db", "solo", &uid),
+    )
+    .ok();
+    assert!(node.leftovers().is_empty());
+}
+
+#[test]
+fn static_ip_mac_through_static_ipam_and_tuning_and_default_route() {
+    let node = Node::new(33);
+    let cfg = json!({"cniVersion":"1.0.0","name":"tuned","plugins":[
+        {"type":"macvlan","master":node.master.0,"mode":"bridge","ipam":{"type":"static","routes":[{"dst":"10.99.0.0/16","gw":"10.133.0.1"}]}},
+        {"type":"tuning","capabilities":{"mac":true}}]});
+    node.api
+        .put_nad("db", "fixed", &cfg.to_string(), &[])
+        .unwrap();
+    let ns = Netns::new();
+    let ann = json!(
+        r#"[{"name":"fixed","ips":["10.133.0.50/24"],"mac":"02:ab:cd:00:00:50","default-route":["10.133.0.1"]}]"#
+    );
+    let uid = node.pod("db", "bank", json!({NETWORKS: ann}));
+    let args = Node::args("db", "bank", &uid);
+    node.call("ADD", "cid-bank", &ns.path(), &args).ok();
+    assert_eq!(ns.addrs("net1"), vec!["10.133.0.50/24"]);
+    assert_eq!(ns.mac("net1"), "02:ab:cd:00:00:50");
+    let routes = ns.routes();
+    assert!(
+        routes.contains("default via 10.133.0.1 dev net1"),
+        "{routes}"
+    );
+    assert!(
+        !routes.contains("default via 10.244.33.1"),
+        "eth0 lost its default route: {routes}"
+    );
+    let st = node.status("db", "bank");
+    assert_eq!(st[1]["ips"], json!(["10.133.0.50"]));
+    assert_eq!(st[1]["mac"], "02:ab:cd:00:00:50");
+    node.call("CHECK", "cid-bank", &ns.path(), &args).ok();
+    node.call("DEL", "cid-bank", &ns.path(), &args).ok();
+    assert_eq!(ns.links(), vec!["lo"]);
+}
+
+#[test]
+fn default_network_override_from_annotation() {
+    let node = Node::new(34);
+    node.macvlan_nad(
+        "kube-system",
+        "alt-default",
+        node.host_local("10.134.0.0/24"),
+    );
+    let ns = Netns::new();
+    let uid = node.pod(
+        "db",
+        "alt",
+        json!({"v1.multus-cni.io/default-network": "alt-default"}),
+    );
+    let out = node
+        .call("ADD", "cid-alt", &ns.path(), &Node::args("db", "alt", &uid))
+        .ok()
+        .clone();
+    assert!(out["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .starts_with("10.134.0."));
+    assert!(ns.addrs("eth0")[0].starts_with("10.134.0."));
+    assert_eq!(
+        node.status("db", "alt")[0]["name"],
+        "kube-system/alt-default"
+    );
+    node.call("DEL", "cid-alt", &ns.path(), &Node::args("db", "alt", &uid))
+        .ok();
+    assert!(node.leftovers().is_empty());
+}
+
+#[test]
+fn user_errors_are_cni_errors_naming_pod_and_network_and_leave_nothing() {
+    let mut node = Node::new(35);
+    node.extra = json!({"namespaceIsolation": true});
+    node.macvlan_nad("other", "foreign", node.host_local("10.135.1.0/24"));
+    node.macvlan_nad("db", "ok-net", node.host_local("10.135.2.0/24"));
+    // A NAD that fails mid-chain: macvlan + host-local succeed (link, lease), then tuning fails.
+    let broken = json!({"cniVersion":"1.0.0","name":"broken","plugins":[
+        {"type":"macvlan","master":node.master.0,"mode":"bridge","ipam":node.host_local("10.135.3.0/24")},
+        {"type":"tuning","sysctl":{"net.ipv4.conf.no-such-knob":"1"}}]});
+    node.api
+        .put_nad("db", "broken", &broken.to_string(), &[])
+        .unwrap();
+    let cases = [
+        ("iso", json!("other/foreign"), 7, "isolation"),
+        ("badann", json!("[{\"name\":"), 7, NETWORKS),
+        ("missing", json!("db/nope"), 7, "db/nope"),
+        ("midway", json!("ok-net,broken"), 999, "db/broken"),
+        ("dupif", json!("ok-net@eth0"), 7, "eth0"),
+    ];
+    for (name, ann, code, needle) in cases {
+        let ns = Netns::new();
+        let uid = node.pod("db", name, json!({NETWORKS: ann}));
+        let r = node.call(
+            "ADD",
+            &format!("cid-{name}"),
+            &ns.path(),
+            &Node::args("db", name, &uid),
+        );
+        let e = r.err();
+        assert_eq!(e["code"], code, "{name}: {e}");
+        let msg = e["msg"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("pod db/{name}"))
+                && (msg.contains(needle) || e["details"].as_str().unwrap_or("").contains(needle)),
+            "{name}: {e}"
+        );
+        assert_eq!(ns.links(), vec!["lo"], "{name}: rollback left links: {e}");
+        eprintln!("{name}: {e}");
+        assert!(
+            node.leftovers().is_empty(),
+            "{name}: {:?}",
+            node.leftovers()
+        );
+        // The runtime's DEL after a failed ADD succeeds.
+        node.call(
+            "DEL",
+            &format!("cid-{name}"),
+            "",
+            &Node::args("db", name, &uid),
+        )
+        .ok();
+    }
+    let warn = node
+        .api
+        .events("db")
+        .into_iter()
+        .filter(|e| e["type"] == "Warning")
+        .count();
+    assert!(warn >= 1, "a failure event is posted");
+}
+
+#[test]
+fn api_unreachable_at_add_is_try_again_later() {
+    let node = Node::new(36);
+    let ns = Netns::new();
+    let uid = node.pod("db", "late", json!({}));
+    node.api.down();
+    let r = node.call(
+        "ADD",
+        "cid-late",
+        &ns.path(),
+        &Node::args("db", "late", &uid),
+    );
+    assert_eq!(r.err()["code"], 11, "{}", r.out);
+    assert_eq!(ns.links(), vec!["lo"]);
+    node.api.up().unwrap();
+    node.api.fail_next(2, 503, RequestMatcher::method("GET"));
+    node.call(
+        "ADD",
+        "cid-late",
+        &ns.path(),
+        &Node::args("db", "late", &uid),
+    )
+    .ok();
+    node.call(
+        "DEL",
+        "cid-late",
+        &ns.path(),
+        &Node::args("db", "late", &uid),
+    )
+    .ok();
+}
+
+#[test]
+fn del_survives_every_fault() {
+    let node = Node::new(37);
+    node.macvlan_nad("db", "mv", node.host_local("10.137.0.0/24"));
+    for fault in [
+        "api-down",
+        "pod-gone",
+        "nad-gone",
+        "netns-gone",
+        "cache-missing",
+    ] {
+        let ns = Netns::new();
+        let pod = format!("f-{fault}");
+        let uid = node.pod("db", &pod, json!({NETWORKS: "mv"}));
+        let args = Node::args("db", &pod, &uid);
+        let cid = format!("cid-{fault}");
+        node.call("ADD", &cid, &ns.path(), &args).ok();
+        let mut netns = ns.path();
+        match fault {
+            "api-down" => node.api.down(),
+            "pod-gone" => assert!(node.api.delete_pod("db", &pod)),
+            "nad-gone" => assert!(node.api.delete_nad("db", "mv")),
+            "netns-gone" => {
+                ns.delete();
+                netns = String::new();
+            }
+            "cache-missing" => std::fs::remove_dir_all(node.path("state/plans")).unwrap(),
+            _ => unreachable!(),
+        }
+        node.call("DEL", &cid, &netns, &args).ok();
+        // The runtime repeats DEL, with an empty netns.
+        node.call("DEL", &cid, "", &args).ok();
+        node.call("DEL", &cid, "", &args).ok();
+        let left: Vec<String> = node
+            .leftovers()
+            .into_iter()
+            .filter(|f| !f.starts_with("locks"))
+            .collect();
+        assert!(left.is_empty(), "{fault}: leftovers {left:?}");
+        if fault != "netns-gone" {
+            assert_eq!(ns.links(), vec!["lo"], "{fault}");
+        }
+        if fault == "api-down" {
+            node.api.up().unwrap();
+        }
+        if fault == "nad-gone" {
+            node.macvlan_nad("db", "mv", node.host_local("10.137.0.0/24"));
+        }
+    }
+}
+
+#[test]
+fn gc_removes_attachments_no_longer_valid() {
+    let node = Node::new(38);
+    node.macvlan_nad("db", "mv", node.host_local("10.138.0.0/24"));
+    let ns1 = Netns::new();
+    let ns2 = Netns::new();
+    let u1 = node.pod("db", "keep", json!({NETWORKS: "mv"}));
+    let u2 = node.pod("db", "stale", json!({NETWORKS: "mv"}));
+    node.call(
+        "ADD",
+        "cid-keep",
+        &ns1.path(),
+        &Node::args("db", "keep", &u1),
+    )
+    .ok();
+    node.call(
+        "ADD",
+        "cid-stale",
+        &ns2.path(),
+        &Node::args("db", "stale", &u2),
+    )
+    .ok();
+    let mut cfg = node.config();
+    cfg["cni.dev/valid-attachments"] = json!([{"containerID":"cid-keep","ifname":"eth0"}]);
+    let r = run(
+        &bin("plexus"),
+        &Call {
+            command: "GC",
+            container_id: "",
+            netns: "",
+            ifname: "",
+            args: "",
+        },
+        &cfg,
+        &[],
+    );
+    r.ok();
+    let plans = files_under(&node.path("state/plans"));
+    assert_eq!(plans, vec!["cid-keep-eth0.json"]);
+    let leases = files_under(&node.path("ipam"));
+    assert_eq!(leases.len(), 2, "keep's two leases only: {leases:?}");
+    node.call(
+        "DEL",
+        "cid-keep",
+        &ns1.path(),
+        &Node::args("db", "keep", &u1),
+    )
+    .ok();
+    assert!(node.leftovers().is_empty());
+}
