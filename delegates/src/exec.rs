@@ -116,7 +116,8 @@ pub fn exec_plugin(
     }
     let stdout = trim(&finished.stdout);
     if finished.success {
-        if stdout.is_empty() {
+        // Only ADD and VERSION print a result; whatever else a plugin prints on success is noise.
+        if stdout.is_empty() || !matches!(verb, Verb::Add | Verb::Version) {
             return Ok(None);
         }
         return serde_json::from_slice(stdout).map(Some).map_err(|e| {

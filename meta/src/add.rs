@@ -135,6 +135,7 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
         &requests,
         &nads,
     )?;
+    attach::validate_plugins(&ctx.runtime, &plan, &label)?;
     // Planning has no side effects; from here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
     ctx.store.clear_tombstone(&args.container_id, &args.ifname);

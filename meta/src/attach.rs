@@ -37,6 +37,24 @@ fn ctx(pod: &str, a: &PlannedAttachment) -> String {
     format!("{pod}, network {} ({})", a.network, a.ifname)
 }
 
+/// Check that every plugin (and IPAM plugin) of the plan is installed, before anything runs.
+pub fn validate_plugins(
+    rt: &Runtime,
+    plan: &[PlannedAttachment],
+    pod: &str,
+) -> Result<(), CniError> {
+    for a in plan {
+        let list = a.list()?;
+        for p in &list.plugins {
+            for t in std::iter::once(p.plugin_type()).chain(p.ipam_type()) {
+                plexus_delegates::find_plugin(t, &rt.search_path)
+                    .map_err(|e| e.context(format!("{}, network {}", pod, a.network)))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A failed ADD: the error, and whether the rollback removed everything.
 #[derive(Debug)]
 pub struct AddFailure {

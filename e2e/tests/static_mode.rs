@@ -1,0 +1,268 @@
+//! plexus static mode (Multus' `delegates`, no Kubernetes): three networks attached, checked and
+//! removed with the Debian plugins, and every user-visible error path of the binary.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+struct Setup {
+    dir: tempfile::TempDir,
+    bridge: HostLink,
+    master: HostLink,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        Setup {
+            dir: tempfile::tempdir().unwrap(),
+            bridge: HostLink::bridge_name(),
+            master: HostLink::veth_master(),
+        }
+    }
+    fn p(&self, s: &str) -> String {
+        self.dir.path().join(s).display().to_string()
+    }
+    fn config(&self, version: &str, extra: Vec<Value>) -> Value {
+        let mut delegates = vec![
+            flannel_like(&self.bridge.0, 41, Path::new(&self.p("ipam"))),
+            json!({"cniVersion":"1.0.0","name":"data","type":"macvlan","master":self.master.0,"mode":"bridge",
+                   "ipam":{"type":"static","addresses":[{"address":"10.141.0.10/24","gateway":"10.141.0.1"}],"routes":[{"dst":"10.199.0.0/16","gw":"10.141.0.1"}]}}),
+            json!({"cniVersion":"0.4.0","name":"ptpnet","type":"ptp","ipMasq":false,
+                   "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.142.0.0/24"}]]}}),
+        ];
+        delegates.extend(extra);
+        json!({"cniVersion":version,"name":"plexus-static","type":"plexus","cniDir":self.p("state"),"binDir":self.p("bin"),
+               "logFile":self.p("plexus.log"),"logLevel":"debug","logToStderr":false,"delegateTimeoutSeconds":2,
+               "delegates":delegates})
+    }
+    fn script(&self, name: &str, body: &str) {
+        std::fs::create_dir_all(self.p("bin")).unwrap();
+        let path = self.dir.path().join("bin").join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fn call(&self, command: &str, ns: &str, cfg: &Value) -> Run {
+        run(
+            &bin("plexus"),
+            &Call {
+                command,
+                container_id: "static-1",
+                netns: ns,
+                ifname: "eth0",
+                args: "",
+            },
+            cfg,
+            &[],
+        )
+    }
+    fn leftovers(&self) -> Vec<String> {
+        let mut v = files_under(&self.dir.path().join("state"));
+        v.extend(files_under(&self.dir.path().join("ipam")));
+        v
+    }
+}
+
+#[test]
+fn attaches_three_networks_and_removes_them_leaving_nothing() {
+    for version in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let s = Setup::new();
+        let ns = Netns::new();
+        let cfg = s.config(version, vec![]);
+        let out = s.call("ADD", &ns.path(), &cfg).ok().clone();
+        // The default network's result, in the caller's version.
+        assert_eq!(out["cniVersion"], version);
+        let ip0 = &out["ips"][0];
+        assert!(
+            ip0["address"].as_str().unwrap().starts_with("10.244.41."),
+            "{out}"
+        );
+        assert_eq!(
+            ip0.get("version").is_some(),
+            version.starts_with("0."),
+            "{version}: {out}"
+        );
+        let mut links = ns.links();
+        links.sort();
+        assert_eq!(links, vec!["eth0", "lo", "net1", "net2"]);
+        assert_eq!(ns.addrs("net1"), vec!["10.141.0.10/24"]);
+        assert!(ns.addrs("net2")[0].starts_with("10.142.0."));
+        let routes = ns.routes();
+        assert!(
+            routes.contains("default via 10.244.41.1 dev eth0"),
+            "{routes}"
+        );
+        assert!(
+            routes.contains("10.199.0.0/16 via 10.141.0.1 dev net1"),
+            "{routes}"
+        );
+        if version != "0.3.1" {
+            s.call("CHECK", &ns.path(), &cfg).ok();
+        }
+        s.call("DEL", &ns.path(), &cfg).ok();
+        assert_eq!(ns.links(), vec!["lo"]);
+        assert!(s.leftovers().is_empty(), "{version}: {:?}", s.leftovers());
+        s.call("DEL", &ns.path(), &cfg).ok();
+        s.call("DEL", "", &cfg).ok();
+    }
+}
+
+#[test]
+fn cache_missing_del_still_releases_leases() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    let cfg = s.config("1.0.0", vec![]);
+    s.call("ADD", &ns.path(), &cfg).ok();
+    std::fs::remove_dir_all(s.dir.path().join("state")).unwrap();
+    ns.delete();
+    s.call("DEL", "", &cfg).ok();
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+#[test]
+fn failure_midway_rolls_back_everything() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    s.script("failer", r#"cat >/dev/null; if [ "$CNI_COMMAND" = ADD ]; then echo '{"code":11,"msg":"backend busy","details":"try later"}'; exit 1; fi"#);
+    let cfg = s.config(
+        "1.0.0",
+        vec![json!({"cniVersion":"1.0.0","name":"flaky","type":"failer"})],
+    );
+    let e = s.call("ADD", &ns.path(), &cfg).err().clone();
+    assert_eq!(e["code"], 11, "the delegate's code is kept: {e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("network flaky (net3)"),
+        "{e}"
+    );
+    assert!(e["msg"].as_str().unwrap().contains("backend busy"), "{e}");
+    assert_eq!(ns.links(), vec!["lo"], "rolled back");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+    s.call("DEL", &ns.path(), &cfg).ok();
+}
+
+#[test]
+fn error_paths_have_exact_codes_and_name_the_cause() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    s.script("garbage", "cat >/dev/null; echo 'this is not json'");
+    s.script("hang", "cat >/dev/null; sleep 30");
+    let one = |t: &str| {
+        s.config("1.0.0", vec![])
+            .as_object()
+            .unwrap()
+            .clone()
+            .into_iter()
+            .map(|(k, v)| {
+                if k == "delegates" {
+                    (k, json!([{"cniVersion":"1.0.0","name":"only","type":t}]))
+                } else {
+                    (k, v)
+                }
+            })
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let cases: Vec<(&str, Value, i64, &str)> = vec![
+        (
+            "not found",
+            Value::Object(one("no-such-plugin")),
+            7,
+            "no-such-plugin",
+        ),
+        ("escape", Value::Object(one("../../../bin/sh")), 7, "type"),
+        ("garbage", Value::Object(one("garbage")), 6, "garbage"),
+        ("hang", Value::Object(one("hang")), 101, "hang"),
+        ("version", s.config("9.9.9", vec![]), 1, "9.9.9"),
+    ];
+    for (what, cfg, code, needle) in cases {
+        let started = std::time::Instant::now();
+        let e = s.call("ADD", &ns.path(), &cfg).err().clone();
+        assert_eq!(e["code"], code, "{what}: {e}");
+        let text = format!("{} {}", e["msg"], e["details"]);
+        assert!(text.contains(needle), "{what}: {e}");
+        assert!(started.elapsed().as_secs() < 10, "{what} took too long");
+        assert_eq!(ns.links(), vec!["lo"], "{what}");
+        if what == "hang" {
+            // The rollback DEL hung too: the plan is kept so that the runtime's DEL retries.
+            assert_eq!(
+                s.leftovers(),
+                vec!["locks/static-1.lock", "plans/static-1-eth0.json"]
+            );
+            s.script("hang", "cat >/dev/null");
+            s.call("DEL", &ns.path(), &cfg).ok();
+        }
+        assert!(s.leftovers().is_empty(), "{what}: {:?}", s.leftovers());
+    }
+    // Environment and stdin problems.
+    let cfg = s.config("1.0.0", vec![]);
+    let bad_if = run(
+        &bin("plexus"),
+        &Call {
+            command: "ADD",
+            container_id: "c",
+            netns: &ns.path(),
+            ifname: "a/b",
+            args: "",
+        },
+        &cfg,
+        &[],
+    );
+    assert_eq!(bad_if.err()["code"], 4);
+    let no_cid = run(
+        &bin("plexus"),
+        &Call {
+            command: "ADD",
+            container_id: "",
+            netns: &ns.path(),
+            ifname: "eth0",
+            args: "",
+        },
+        &cfg,
+        &[],
+    );
+    assert!(no_cid.err()["msg"]
+        .as_str()
+        .unwrap()
+        .contains("CNI_CONTAINERID"));
+    let malformed = run(
+        &bin("plexus"),
+        &Call {
+            command: "ADD",
+            container_id: "c",
+            netns: &ns.path(),
+            ifname: "eth0",
+            args: "",
+        },
+        &json!("just a string"),
+        &[],
+    );
+    assert_eq!(malformed.err()["code"], 6);
+    let bad_netns = s.call("ADD", "/run/netns/plexus-does-not-exist", &cfg);
+    assert_eq!(bad_netns.err()["code"], 3);
+    assert_eq!(ns.links(), vec!["lo"]);
+}
+
+#[test]
+fn version_status_and_about() {
+    let s = Setup::new();
+    let v = run(
+        &bin("plexus"),
+        &Call {
+            command: "VERSION",
+            container_id: "",
+            netns: "",
+            ifname: "",
+            args: "",
+        },
+        &json!({"cniVersion":"1.1.0"}),
+        &[],
+    );
+    assert_eq!(v.ok()["supportedVersions"].as_array().unwrap().len(), 7);
+    let mut cfg = s.config("1.1.0", vec![]);
+    s.call("STATUS", "", &cfg).ok();
+    cfg["readinessindicatorfile"] = json!(s.p("ready"));
+    assert_eq!(s.call("STATUS", "", &cfg).err()["code"], 50);
+    std::fs::write(s.p("ready"), "").unwrap();
+    s.call("STATUS", "", &cfg).ok();
+}
