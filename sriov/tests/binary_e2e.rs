@@ -559,3 +559,67 @@ fn stale_altname_equal_to_pod_ifname_does_not_block_attach() {
     ]);
     assert!(!alt.contains("\"net1\""), "stale altname dropped: {alt}");
 }
+
+#[test]
+fn check_detects_pf_side_drift_and_missing_attachment() {
+    let env = Env::new(1, 1);
+    let (pci, _) = vf(0);
+    let (dpdk_pci, _) = vf(1);
+    let conf = bank_conf("1.1.0", &pci);
+    let (ok, err) = env.sriov("CHECK", "c-chk", "net1", &env.pod.path(), &conf);
+    assert!(!ok);
+    assert!(
+        err["details"].as_str().unwrap().contains("no attachment"),
+        "{err}"
+    );
+    let (ok, res) = env.sriov("ADD", "c-chk", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{res}");
+    let mut chk = conf.clone();
+    chk["prevResult"] = res;
+    let (ok, out) = env.sriov("CHECK", "c-chk", "net1", &env.pod.path(), &chk);
+    assert!(ok, "{out}");
+    // Someone changes the VF behind our back on the PF.
+    let mut st = env.pf_state();
+    st.pfs.get_mut(PF).unwrap()[0].vlan = 7;
+    st.pfs.get_mut(PF).unwrap()[0].trust = true;
+    plexus_sriov::pf_fake::FilePf::create(&env.fake_pf(), &st).unwrap();
+    let (ok, err) = env.sriov("CHECK", "c-chk", "net1", &env.pod.path(), &chk);
+    assert!(!ok);
+    let d = err["details"].as_str().unwrap();
+    assert!(
+        d.contains("vlan 7/0/802.1q want 100/0/802.1q") && d.contains("trust true"),
+        "{d}"
+    );
+    assert_eq!(err["code"], 111);
+    // A removed address is noticed too.
+    run(&[
+        "ip",
+        "-n",
+        &env.pod.name,
+        "addr",
+        "del",
+        "10.10.0.5/24",
+        "dev",
+        "net1",
+    ]);
+    let (_, err) = env.sriov("CHECK", "c-chk", "net1", &env.pod.path(), &chk);
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("address 10.10.0.5/24 missing"),
+        "{err}"
+    );
+    let (ok, _) = env.sriov("DEL", "c-chk", "net1", &env.pod.path(), &conf);
+    assert!(ok);
+
+    // DPDK: CHECK covers the PF side only.
+    let d =
+        json!({"cniVersion":"1.1.0","name":"dpdk","type":"sriov","deviceID": dpdk_pci, "vlan": 9});
+    let (ok, _) = env.sriov("ADD", "c-chk2", "net1", &env.pod.path(), &d);
+    assert!(ok);
+    let (ok, out) = env.sriov("CHECK", "c-chk2", "net1", &env.pod.path(), &d);
+    assert!(ok, "{out}");
+    let (ok, _) = env.sriov("DEL", "c-chk2", "net1", &env.pod.path(), &d);
+    assert!(ok);
+}
