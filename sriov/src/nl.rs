@@ -1,7 +1,7 @@
 //! A small synchronous rtnetlink client named after kernel operations.
 //!
 //! A socket stays bound to the netns it was opened in, so open one per namespace (inside the
-//! namespace, see [`crate::ns`]) and use it from any thread afterwards.
+//! namespace, through `plexus_delegates::netns::NetNs::run`) and use it from any thread afterwards.
 
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
