@@ -171,11 +171,17 @@ impl Adder<'_, '_> {
             iface.mac = MacAddr(mac6(&l.mac)).to_string();
             iface.mtu = Some(l.mtu);
         } else {
-            // DPDK: report the admin MAC when set (sriov-cni), no MTU (no netdev).
+            // DPDK: report the admin MAC when set and the PF's MTU, as sriov-cni does (best
+            // effort: the VF has no netdev of its own).
             let mac = self.conf.mac.unwrap_or(self.st.orig_pf.mac);
             if !mac.is_zero() {
                 iface.mac = mac.to_string();
             }
+            iface.mtu = Netlink::open()
+                .and_then(|mut nl| nl.link_by_name(&self.st.pf))
+                .ok()
+                .flatten()
+                .map(|l| l.mtu);
         }
         if let Some(t) = self.conf.ipam_type.clone() {
             let r = at(

@@ -230,6 +230,10 @@ fn dpdk_mode_add_del() {
     assert!(ok, "{res}");
     assert_eq!(res["interfaces"][0]["pciID"], pci.as_str());
     assert_eq!(res["interfaces"][0]["mac"], "02:77:00:00:00:01");
+    assert!(
+        res["interfaces"][0].get("mtu").is_none(),
+        "fake PF has no netdev here: {res}"
+    );
     let c = env.vf_config(0);
     assert_eq!(
         (c.vlan, c.qos, c.proto.to_string().as_str()),
@@ -252,6 +256,21 @@ fn failed_add_rolls_back_pf_and_netdev_and_names_vf_and_step() {
     let mut conf = bank_conf("1.0.0", &pci);
     conf["link_state"] = json!("disable");
     // sriov-cni #119: link_state fails after the VLAN was set; here everything is undone.
+    // A pod netns that does not exist is reported before anything is touched.
+    let (ok, err) = env.sriov(
+        "ADD",
+        "c-fail",
+        "net1",
+        "/run/netns/plxsr-does-not-exist",
+        &conf,
+    );
+    assert!(!ok);
+    assert!(
+        err["details"].as_str().unwrap().contains("does not exist"),
+        "{err}"
+    );
+    assert_eq!(env.pf_state().calls.len(), 1, "only the initial get_vf");
+    assert_restored(&env, 0, &before, &pf_before);
     env.set_fail_at(Some("set_vf_link_state"));
     let (ok, err) = env.sriov("ADD", "c-fail", "net1", &env.pod.path(), &conf);
     assert!(!ok);
@@ -261,6 +280,20 @@ fn failed_add_rolls_back_pf_and_netdev_and_names_vf_and_step() {
         "{d}"
     );
     assert_restored(&env, 0, &before, &pf_before);
+
+    // The kernel refuses a multicast MAC on the netdev after it moved into the pod: the netdev
+    // comes back and the PF-side settings are reverted.
+    let mut mc = conf.clone();
+    mc["mac"] = json!("01:00:5e:00:00:01");
+    mc.as_object_mut().unwrap().remove("link_state");
+    let (ok, err) = env.sriov("ADD", "c-fail", "net1", &env.pod.path(), &mc);
+    assert!(!ok);
+    assert!(
+        err["details"].as_str().unwrap().contains("set netdev MAC"),
+        "{err}"
+    );
+    assert_restored(&env, 0, &before, &pf_before);
+    assert!(env.link(&env.pod.name, "net1").is_none());
 
     // A failure after the netdev moved (IPAM plugin missing) also brings it back.
     conf["ipam"]["type"] = json!("no-such-ipam");
