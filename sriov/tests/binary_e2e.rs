@@ -656,3 +656,69 @@ fn check_detects_pf_side_drift_and_missing_attachment() {
     let (ok, _) = env.sriov("DEL", "c-chk2", "net1", &env.pod.path(), &d);
     assert!(ok);
 }
+
+#[test]
+fn unsolicited_na_reaches_the_wire() {
+    let env = Env::new(1, 0);
+    let (pci, _) = vf(0);
+    let h = env.host.name.clone();
+    // The kernel learns untracked NAs only as a router (ndisc_recv_na: forwarding + knob).
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        &h,
+        "sysctl",
+        "-qw",
+        "net.ipv6.conf.vf0p.forwarding=1",
+    ]);
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        &h,
+        "sysctl",
+        "-qw",
+        "net.ipv6.conf.vf0p.accept_untracked_na=1",
+    ]);
+    run(&[
+        "ip",
+        "-n",
+        &h,
+        "addr",
+        "add",
+        "fd00:10::1/64",
+        "dev",
+        "vf0p",
+        "nodad",
+    ]);
+    let mut conf = bank_conf("1.0.0", &pci);
+    conf["ipam"]["addresses"] = json!([{"address": "fd00:10::5/64"}]);
+    conf["ipam"]["routes"] = json!([]);
+    let (ok, res) = env.sriov("ADD", "c-na", "net1", &env.pod.path(), &conf);
+    assert!(ok, "{res}");
+    let mut neigh = String::new();
+    for _ in 0..50 {
+        neigh = run(&[
+            "ip",
+            "-n",
+            &h,
+            "-6",
+            "neigh",
+            "show",
+            "fd00:10::5",
+            "dev",
+            "vf0p",
+        ]);
+        if neigh.contains("02:66:00:00:00:01") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        neigh.contains("lladdr 02:66:00:00:00:01"),
+        "neighbour not learned: {neigh:?}"
+    );
+    let (ok, _) = env.sriov("DEL", "c-na", "net1", &env.pod.path(), &conf);
+    assert!(ok);
+}
