@@ -162,3 +162,45 @@ impl From<SriovError> for plexus_conf::error::CniError {
         plexus_conf::error::CniError::new(e.cni_code(), e.cni_msg(), e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plexus_conf::error::CniError;
+
+    #[test]
+    fn cni_error_carries_code_short_msg_and_full_chain() {
+        let inner = SriovError::Config("vlan 5000 invalid".into());
+        let e: CniError = inner.into();
+        assert_eq!((e.code, e.msg.as_str()), (7, "invalid sriov config"));
+        let step = SriovError::Other("EOPNOTSUPP".into()).at_step("0000:af:06.0", "set VF trust");
+        let step = match step {
+            SriovError::Step {
+                vf, step, source, ..
+            } => SriovError::Step {
+                vf,
+                step,
+                source,
+                rollback: vec!["undo Pf(Vlan): boom".into()],
+            },
+            other => other,
+        };
+        let e: CniError = step.into();
+        assert_eq!(e.code, code::OPERATION_FAILED);
+        assert_eq!(e.msg, "VF 0000:af:06.0: set VF trust failed");
+        assert_eq!(
+            e.details,
+            "VF 0000:af:06.0: set VF trust: EOPNOTSUPP (rollback also failed: undo Pf(Vlan): boom)"
+        );
+        let busy = SriovError::Busy {
+            vf: "v".into(),
+            owner: "c".into(),
+            ifname: "net1".into(),
+            netns: "/n".into(),
+        };
+        assert_eq!(CniError::from(busy).code, code::VF_BUSY);
+        let ipam = SriovError::Ipam(CniError::new(7, "bad subnet", ""));
+        let e = CniError::from(ipam);
+        assert_eq!((e.code, e.msg.as_str()), (7, "sriov: bad subnet"));
+    }
+}

@@ -256,6 +256,32 @@ fn failed_add_rolls_back_pf_and_netdev_and_names_vf_and_step() {
     let mut conf = bank_conf("1.0.0", &pci);
     conf["link_state"] = json!("disable");
     // sriov-cni #119: link_state fails after the VLAN was set; here everything is undone.
+    // An ifname already taken in the pod is reported before anything is touched.
+    run(&[
+        "ip",
+        "-n",
+        &env.pod.name,
+        "link",
+        "add",
+        "net1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "x1",
+    ]);
+    let (ok, err) = env.sriov("ADD", "c-fail", "net1", &env.pod.path(), &conf);
+    assert!(!ok);
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("net1 already exists"),
+        "{err}"
+    );
+    assert_restored(&env, 0, &before, &pf_before);
+    run(&["ip", "-n", &env.pod.name, "link", "del", "net1"]);
+
     // A pod netns that does not exist is reported before anything is touched.
     let (ok, err) = env.sriov(
         "ADD",
@@ -269,7 +295,11 @@ fn failed_add_rolls_back_pf_and_netdev_and_names_vf_and_step() {
         err["details"].as_str().unwrap().contains("does not exist"),
         "{err}"
     );
-    assert_eq!(env.pf_state().calls.len(), 1, "only the initial get_vf");
+    let calls = env.pf_state().calls;
+    assert!(
+        calls.iter().all(|c| c.op() == "get_vf"),
+        "no PF change: {calls:?}"
+    );
     assert_restored(&env, 0, &before, &pf_before);
     env.set_fail_at(Some("set_vf_link_state"));
     let (ok, err) = env.sriov("ADD", "c-fail", "net1", &env.pod.path(), &conf);
