@@ -93,6 +93,12 @@ impl NetNs {
     }
 }
 
+impl std::os::fd::AsFd for NetNs {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
 /// Whether a link named `ifname` exists in the calling thread's namespace.
 pub fn link_exists(ifname: &str) -> bool {
     nix::net::if_::if_nametoindex(ifname).is_ok()

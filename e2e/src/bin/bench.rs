@@ -1,0 +1,257 @@
+//! `plexus-bench`: prints how long plexus takes, measured on this machine with the Debian
+//! plugins in real network namespaces:
+//! 1. static mode: plexus ADD/DEL of three networks vs. exec'ing the same three plugins directly;
+//! 2. Kubernetes mode: ADD/DEL of a pod with N extra networks against the test API server, and
+//!    the API requests each made.
+//!
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]` (as root).
+
+use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn sh(args: &[&str]) {
+    let _ = Command::new(args[0])
+        .args(&args[1..])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn exec(bin: &Path, env: &[(&str, &str)], stdin: &Value) -> (bool, String) {
+    let mut cmd = Command::new(bin);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1000.0
+}
+
+struct Env {
+    netns: String,
+    master: String,
+    bridge: String,
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let id = std::process::id() % 10000;
+        let e = Env {
+            netns: format!("pxbench{id}"),
+            master: format!("pxbm{id}"),
+            bridge: format!("pxbb{id}"),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        sh(&["ip", "netns", "add", &e.netns]);
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            &e.master,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("pxbp{id}"),
+        ]);
+        sh(&["ip", "link", "set", &e.master, "up"]);
+        e
+    }
+    fn path(&self, s: &str) -> PathBuf {
+        self.dir.path().join(s)
+    }
+    fn delegates(&self) -> Vec<Value> {
+        vec![
+            json!({"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":self.bridge,"isGateway":true,
+                   "ipam":{"type":"host-local","dataDir":self.path("ipam"),"ranges":[[{"subnet":"10.244.99.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}}),
+            json!({"cniVersion":"1.0.0","name":"data","type":"macvlan","master":self.master,"mode":"bridge",
+                   "ipam":{"type":"static","addresses":[{"address":"10.199.0.10/24"}]}}),
+            json!({"cniVersion":"1.0.0","name":"ptpnet","type":"ptp","ipam":{"type":"host-local","dataDir":self.path("ipam"),"ranges":[[{"subnet":"10.198.0.0/24"}]]}}),
+        ]
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        sh(&["ip", "netns", "del", &self.netns]);
+        sh(&["ip", "link", "del", &self.master]);
+        sh(&["ip", "link", "del", &self.bridge]);
+    }
+}
+
+fn static_mode(plexus: &Path, cni_bin: &Path, n: usize) {
+    let e = Env::new();
+    let netns = format!("/run/netns/{}", e.netns);
+    let cni_path = cni_bin.display().to_string();
+    let (mut direct_add, mut direct_del, mut px_add, mut px_del) = (vec![], vec![], vec![], vec![]);
+    let ifnames = ["eth0", "net1", "net2"];
+    for i in 0..n {
+        let cid = format!("bench-direct-{i}");
+        let t = Instant::now();
+        for (d, ifn) in e.delegates().iter().zip(ifnames) {
+            let env = [
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", cid.as_str()),
+                ("CNI_NETNS", netns.as_str()),
+                ("CNI_IFNAME", ifn),
+                ("CNI_PATH", cni_path.as_str()),
+            ];
+            let (ok, out) = exec(&cni_bin.join(d["type"].as_str().unwrap()), &env, d);
+            assert!(ok, "direct ADD failed: {out}");
+        }
+        direct_add.push(t.elapsed());
+        let t = Instant::now();
+        for (d, ifn) in e.delegates().iter().zip(ifnames).rev() {
+            let env = [
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_CONTAINERID", cid.as_str()),
+                ("CNI_NETNS", netns.as_str()),
+                ("CNI_IFNAME", ifn),
+                ("CNI_PATH", cni_path.as_str()),
+            ];
+            assert!(exec(&cni_bin.join(d["type"].as_str().unwrap()), &env, d).0);
+        }
+        direct_del.push(t.elapsed());
+        let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
+                          "logLevel":"error","logToStderr":false,"delegates":e.delegates()});
+        let cid = format!("bench-plexus-{i}");
+        let env = |cmd: &'static str| {
+            [
+                ("CNI_COMMAND", cmd),
+                ("CNI_CONTAINERID", cid.as_str()),
+                ("CNI_NETNS", netns.as_str()),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_PATH", cni_path.as_str()),
+            ]
+        };
+        let t = Instant::now();
+        let (ok, out) = exec(plexus, &env("ADD"), &conf);
+        assert!(ok, "plexus ADD failed: {out}");
+        px_add.push(t.elapsed());
+        let t = Instant::now();
+        assert!(exec(plexus, &env("DEL"), &conf).0);
+        px_del.push(t.elapsed());
+    }
+    let (da, dd, pa, pd) = (
+        median(direct_add),
+        median(direct_del),
+        median(px_add),
+        median(px_del),
+    );
+    println!("static mode, 3 networks (bridge+host-local, macvlan+static, ptp+host-local), median of {n}:");
+    println!(
+        "  ADD  direct {da:7.2} ms   plexus {pa:7.2} ms   overhead {:+6.2} ms",
+        pa - da
+    );
+    println!(
+        "  DEL  direct {dd:7.2} ms   plexus {pd:7.2} ms   overhead {:+6.2} ms",
+        pd - dd
+    );
+}
+
+fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize) {
+    let e = Env::new();
+    let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+    api.add_token("bench", Access::Full);
+    api.write_kubeconfig(&e.path("kubeconfig"), "bench")
+        .unwrap();
+    let netns = format!("/run/netns/{}", e.netns);
+    let cni_path = cni_bin.display().to_string();
+    let d = e.delegates();
+    api.put_nad("db", "data", &d[1].to_string(), &[]).unwrap();
+    api.put_nad("db", "ptpnet", &d[2].to_string(), &[]).unwrap();
+    let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
+                      "kubeconfig":e.path("kubeconfig"),"logLevel":"error","logToStderr":false,"delegates":[d[0]]});
+    for (label, ann) in [
+        ("0 extra networks", ""),
+        ("2 extra networks", "data,ptpnet"),
+    ] {
+        let (mut adds, mut dels) = (vec![], vec![]);
+        let (mut add_reqs, mut del_reqs) = (0, 0);
+        for i in 0..n {
+            let pod = format!("pg-{i}");
+            api.put_pod(json!({"metadata":{"name":pod,"namespace":"db","uid":format!("u-{i}"),
+                "annotations":{"k8s.v1.cni.cncf.io/networks":ann}},"spec":{"containers":[{"name":"c","image":"x"}]}})).unwrap();
+            let cid = format!("bench-k8s-{i}");
+            let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID=u-{i};K8S_POD_INFRA_CONTAINER_ID={cid}");
+            let env = |cmd: &'static str| {
+                [
+                    ("CNI_COMMAND", cmd),
+                    ("CNI_CONTAINERID", cid.as_str()),
+                    ("CNI_NETNS", netns.as_str()),
+                    ("CNI_IFNAME", "eth0"),
+                    ("CNI_PATH", cni_path.as_str()),
+                    ("CNI_ARGS", args.as_str()),
+                ]
+            };
+            api.clear_requests();
+            let t = Instant::now();
+            let (ok, out) = exec(plexus, &env("ADD"), &conf);
+            assert!(ok, "plexus ADD failed: {out}");
+            adds.push(t.elapsed());
+            add_reqs = api.requests().len();
+            api.clear_requests();
+            let t = Instant::now();
+            assert!(exec(plexus, &env("DEL"), &conf).0);
+            dels.push(t.elapsed());
+            del_reqs = api.requests().len();
+        }
+        println!("kubernetes mode, pod with {label}, median of {n}:");
+        println!(
+            "  ADD {:7.2} ms ({add_reqs} API requests)   DEL {:7.2} ms ({del_reqs} API requests)",
+            median(adds),
+            median(dels)
+        );
+    }
+}
+
+fn main() {
+    let mut n = 20usize;
+    let mut plexus = None;
+    let mut cni_bin = PathBuf::from("/usr/lib/cni");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--iterations" => n = it.next().and_then(|v| v.parse().ok()).unwrap_or(n),
+            "--plexus" => plexus = it.next().map(PathBuf::from),
+            "--cni-bin" => cni_bin = it.next().map(PathBuf::from).unwrap_or(cni_bin),
+            _ => {
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let plexus =
+        plexus.unwrap_or_else(|| std::env::current_exe().unwrap().with_file_name("plexus"));
+    println!(
+        "plexus {} (binary {} bytes)",
+        plexus.display(),
+        std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
+    );
+    static_mode(&plexus, &cni_bin, n);
+    kube_mode(&plexus, &cni_bin, n);
+}
