@@ -179,12 +179,12 @@ mod tests {
         let v = negotiate(
             "1.1.0",
             &["1.0.0".into(), "0.4.0".into()],
-            &[debian.clone()],
+            std::slice::from_ref(&debian),
         )
         .unwrap();
         assert_eq!(v, CniVersion::V100);
         // Versions newer than we implement are ignored, not an error.
-        let v = negotiate("0.4.0", &["9.9.9".into()], &[debian.clone()]).unwrap();
+        let v = negotiate("0.4.0", &["9.9.9".into()], std::slice::from_ref(&debian)).unwrap();
         assert_eq!(v, CniVersion::V040);
         let e = negotiate("1.1.0", &[], &[debian]).unwrap_err();
         assert_eq!(e.code, 1);

@@ -114,6 +114,7 @@ impl Netns {
     pub fn delete(&self) {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
+            .stderr(Stdio::null())
             .status();
     }
 }

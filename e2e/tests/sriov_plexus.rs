@@ -1,0 +1,262 @@
+//! The SR-IOV delegate through plexus: a NAD of `"type": "sriov"` (deviceID in the NAD) in the
+//! test API server; plexus runs as usual and execs `sriov` from its `binDir`, where a wrapper
+//! runs the real binary inside a per-test "host" netns whose veth ends stand in for VF netdevs
+//! (the machine's own links stay untouched); a fake sysfs tree and the file-backed fake PF
+//! stand in for the hardware.
+
+mod common;
+
+use common::*;
+use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
+use plexus_sriov::pf_fake::{FakePfState, FilePf};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+const PF: &str = "enp175s0f1";
+const PF_PCI: &str = "0000:af:00.1";
+const VF0: &str = "0000:af:06.0";
+
+struct Rig {
+    host: Netns,
+    bridge: HostLink,
+    api: TestApiServer,
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let host = Netns::new();
+        let dir = tempfile::tempdir().unwrap();
+        host.ip(&[
+            "link",
+            "add",
+            "vf0",
+            "address",
+            "02:00:00:00:00:10",
+            "mtu",
+            "1500",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vf0p",
+        ]);
+        host.ip(&["link", "set", "vf0p", "up"]);
+        FakeSysfs::new(&dir.path().join("sys"))
+            .add_pf(PF_PCI, PF, &[FakeVf::netdev(VF0, "vf0")])
+            .unwrap();
+        let mut st = FakePfState::with_pf(PF, 1);
+        st.pfs.get_mut(PF).unwrap()[0].mac = "02:aa:00:00:00:00".parse().unwrap();
+        FilePf::create(&dir.path().join("pf.json"), &st).unwrap();
+        let bindir = dir.path().join("bin");
+        std::fs::create_dir_all(&bindir).unwrap();
+        let wrapper = format!(
+            "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
+            host.name,
+            bin("sriov").display()
+        );
+        std::fs::write(bindir.join("sriov"), wrapper).unwrap();
+        std::fs::set_permissions(
+            bindir.join("sriov"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+        api.add_token("t", Access::Full);
+        api.write_kubeconfig(&dir.path().join("kubeconfig"), "t")
+            .unwrap();
+        let nad = json!({"cniVersion":"1.0.0","type":"sriov","deviceID":VF0,"vlan":100,"max_tx_rate":1000,"trust":"off","spoofchk":"on",
+            "ipam":{"type":"static","addresses":[{"address":"10.56.217.10/24","gateway":"10.56.217.1"}]}});
+        api.put_nad("bank", "sriov-data", &nad.to_string(), &[])
+            .unwrap();
+        Rig {
+            host,
+            api,
+            dir,
+            bridge: HostLink::bridge_name(),
+        }
+    }
+    fn p(&self, s: &str) -> PathBuf {
+        self.dir.path().join(s)
+    }
+    fn pf(&self) -> Value {
+        serde_json::to_value(FilePf::new(self.p("pf.json")).load().unwrap()).unwrap()
+    }
+    fn set_fail_at(&self, op: &str) {
+        let mut st = FilePf::new(self.p("pf.json")).load().unwrap();
+        st.fail_at = Some(op.to_string());
+        FilePf::create(&self.p("pf.json"), &st).unwrap();
+    }
+    fn vf_pf_side(&self) -> Value {
+        let mut v = self.pf()["pfs"][PF][0].clone();
+        v.as_object_mut().unwrap().remove("calls");
+        v
+    }
+    fn pod(&self, name: &str) -> String {
+        let uid = format!("uid-{name}");
+        self.api.put_pod(json!({"metadata":{"name":name,"namespace":"bank","uid":uid,
+            "annotations":{"k8s.v1.cni.cncf.io/networks":"sriov-data"}},"spec":{"containers":[{"name":"db","image":"pg"}]}})).unwrap();
+        uid
+    }
+    /// Run plexus (in the root netns, like the kubelet does).
+    fn plexus(&self, cmd: &str, pod: &str, netns: &str) -> Run {
+        let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","kubeconfig":self.p("kubeconfig"),
+            "cniDir":self.p("state"),"binDir":self.p("bin"),"logFile":self.p("plexus.log"),"logLevel":"debug","logToStderr":false,
+            "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":self.bridge.0,"isGateway":true,
+                "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.244.77.0/24"}]]}}]});
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=bank;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
+        );
+        let mut c = Command::new(bin("plexus"));
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", format!("cid-{pod}"))
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_ARGS", args)
+            .env("CNI_PATH", CNI_BIN)
+            .env("PLEXUS_SYSFS_ROOT", self.p("sys"))
+            .env("PLEXUS_SRIOV_STATE_DIR", self.p("sriov-state"))
+            .env("PLEXUS_SRIOV_FAKE_PF", self.p("pf.json"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            out: if text.trim().is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&text).unwrap()
+            },
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+    fn host_vf(&self) -> Value {
+        let v: Value = serde_json::from_str(&self.host.ip(&["-j", "link", "show", "vf0"]))
+            .unwrap_or(json!([]));
+        v[0].clone()
+    }
+}
+
+#[test]
+fn bank_scenario_add_check_del_restores_everything() {
+    let rig = Rig::new();
+    let pod = Netns::new();
+    let before_pf = rig.vf_pf_side();
+    let before_link = rig.host_vf();
+    rig.pod("pg-0");
+    rig.plexus("ADD", "pg-0", &pod.path()).ok();
+    assert_eq!(pod.addrs("net1"), vec!["10.56.217.10/24"]);
+    assert!(rig.host_vf().is_null(), "the VF netdev moved into the pod");
+    let vf = rig.vf_pf_side();
+    assert_eq!(vf["vlan"], 100, "{vf}");
+    assert_eq!(vf["maxTxRate"], 1000, "{vf}");
+    assert_eq!(vf["trust"], false, "{vf}");
+    let status: Value = serde_json::from_str(
+        rig.api.get_pod("bank", "pg-0").unwrap()["metadata"]["annotations"]
+            ["k8s.v1.cni.cncf.io/network-status"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(status[1]["name"], "bank/sriov-data");
+    assert_eq!(status[1]["ips"], json!(["10.56.217.10"]));
+    rig.plexus("CHECK", "pg-0", &pod.path()).ok();
+    rig.plexus("DEL", "pg-0", &pod.path()).ok();
+    assert_eq!(rig.vf_pf_side(), before_pf, "PF side restored");
+    let after = rig.host_vf();
+    assert_eq!(after["ifname"], before_link["ifname"]);
+    assert_eq!(after["address"], before_link["address"]);
+    assert_eq!(after["mtu"], before_link["mtu"]);
+    assert_eq!(pod.links(), vec!["lo"]);
+}
+
+#[test]
+fn failure_at_each_pf_step_leaves_nothing_changed() {
+    for op in [
+        "set_vf_vlan",
+        "set_vf_rate",
+        "set_vf_spoofchk",
+        "set_vf_trust",
+    ] {
+        let rig = Rig::new();
+        let pod = Netns::new();
+        let before_pf = rig.vf_pf_side();
+        let before_link = rig.host_vf();
+        rig.pod("pg-f");
+        rig.set_fail_at(op);
+        let r = rig.plexus("ADD", "pg-f", &pod.path());
+        let e = r.err();
+        let text = e.to_string();
+        assert!(
+            text.contains("pod bank/pg-f") && text.contains("bank/sriov-data"),
+            "{op}: {e}"
+        );
+        assert_eq!(rig.vf_pf_side(), before_pf, "{op}: PF side restored");
+        assert_eq!(rig.host_vf()["address"], before_link["address"], "{op}");
+        assert_eq!(rig.host_vf()["ifname"], "vf0", "{op}");
+        assert_eq!(pod.links(), vec!["lo"], "{op}: eth0 rolled back too");
+        rig.plexus("DEL", "pg-f", "").ok();
+    }
+}
+
+#[test]
+fn netns_gone_before_del_brings_vf_back_under_its_name() {
+    let rig = Rig::new();
+    let pod = Netns::new();
+    rig.pod("pg-1");
+    rig.plexus("ADD", "pg-1", &pod.path()).ok();
+    // Emulate the kernel returning a physical netdev of a dying netns to the host as dev<ifindex>
+    // (a veth would be destroyed instead), with sysfs showing the new name.
+    let idx: Value = serde_json::from_str(&pod.ip(&["-j", "link", "show", "net1"])).unwrap();
+    let dev = format!("dev{}", idx[0]["ifindex"]);
+    pod.ip(&["link", "set", "net1", "name", &dev]);
+    pod.ip(&["link", "set", &dev, "netns", &rig.host.name]);
+    FakeSysfs::new(&rig.p("sys"))
+        .rename_netdev(VF0, "vf0", &dev)
+        .unwrap();
+    pod.delete();
+    rig.plexus("DEL", "pg-1", "").ok();
+    rig.plexus("DEL", "pg-1", "").ok();
+    assert_eq!(rig.host_vf()["ifname"], "vf0");
+    assert_eq!(rig.host_vf()["address"], "02:00:00:00:00:10");
+    assert_eq!(rig.vf_pf_side()["vlan"], 0);
+}
+
+#[test]
+fn two_pods_asking_for_the_same_vf() {
+    let rig = Rig::new();
+    let (a, b) = (Netns::new(), Netns::new());
+    rig.pod("pg-a");
+    rig.pod("pg-b");
+    rig.plexus("ADD", "pg-a", &a.path()).ok();
+    let e = rig.plexus("ADD", "pg-b", &b.path()).err().clone();
+    assert!(e.to_string().contains(VF0), "{e}");
+    assert_eq!(b.links(), vec!["lo"], "second pod rolled back");
+    assert_eq!(
+        a.addrs("net1"),
+        vec!["10.56.217.10/24"],
+        "first pod untouched"
+    );
+    rig.plexus("DEL", "pg-b", "").ok();
+    assert_eq!(
+        a.addrs("net1"),
+        vec!["10.56.217.10/24"],
+        "a late DEL of the refused pod leaves the VF alone"
+    );
+    rig.plexus("DEL", "pg-a", &a.path()).ok();
+    assert_eq!(rig.host_vf()["ifname"], "vf0");
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install what building and running plexus needs on Debian 12 (run as root).
+set -euo pipefail
+packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    # Debian 12's rustc is too old for this workspace: use rustup (toolchain pinned in rust-toolchain.toml).
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+fi

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run every check and test of the workspace (as root: the tests create network namespaces).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+export CARGO_TERM_COLOR=never
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# The e2e tests run the real binaries: build them first.
+cargo build --workspace --bins --locked
+cargo test --workspace --locked
