@@ -23,7 +23,11 @@ struct Node {
 
 impl Node {
     fn new(octet: u8) -> Node {
-        let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+        Node::with(octet, TestApiServerOptions::default())
+    }
+
+    fn with(octet: u8, opts: TestApiServerOptions) -> Node {
+        let api = TestApiServer::start(opts).unwrap();
         api.add_token("node-token", Access::Full);
         let dir = tempfile::tempdir().unwrap();
         api.write_kubeconfig(&dir.path().join("kubeconfig"), "node-token")
@@ -478,4 +482,87 @@ fn gc_removes_attachments_no_longer_valid() {
     )
     .ok();
     assert!(node.leftovers().is_empty());
+}
+
+#[test]
+fn https_api_server_log_file_and_clean_stdout() {
+    let node = Node::with(
+        39,
+        TestApiServerOptions {
+            tls: true,
+            ..TestApiServerOptions::default()
+        },
+    );
+    assert!(node.api.url().starts_with("https://"));
+    node.macvlan_nad("db", "mv", node.host_local("10.139.0.0/24"));
+    let ns = Netns::new();
+    let uid = node.pod("db", "tls", json!({NETWORKS: "mv"}));
+    let args = Node::args("db", "tls", &uid);
+    let r = node.call("ADD", "cid-tls", &ns.path(), &args);
+    r.ok();
+    assert!(
+        r.stderr.is_empty(),
+        "logToStderr=false keeps stderr quiet: {}",
+        r.stderr
+    );
+    assert_eq!(node.status("db", "tls").as_array().unwrap().len(), 2);
+    // The log file is private and carries no token.
+    let log = node.path("plexus.log");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&log).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("ADD done") && !text.contains("node-token"),
+        "{text}"
+    );
+    // The kubeconfig and the state files are private too.
+    for f in files_under(&node.path("state")) {
+        let m = std::fs::metadata(node.path("state").join(&f))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&m) & 0o077,
+            0,
+            "{f}"
+        );
+    }
+    node.call("DEL", "cid-tls", &ns.path(), &args).ok();
+}
+
+#[test]
+fn explain_prints_the_plan_or_the_add_error() {
+    let node = Node::new(40);
+    let dir = node.path("explain");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pod =
+        json!({"metadata":{"name":"pg","namespace":"db","annotations":{NETWORKS: "mv@data0"}}});
+    let nads = json!({"kind":"List","items":[{"metadata":{"name":"mv","namespace":"db"},
+        "spec":{"config":json!({"cniVersion":"1.0.0","type":"macvlan","master":node.master.0}).to_string()}}]});
+    std::fs::write(dir.join("pod.json"), pod.to_string()).unwrap();
+    std::fs::write(dir.join("nads.json"), nads.to_string()).unwrap();
+    std::fs::write(dir.join("plexus.conf"), node.config().to_string()).unwrap();
+    let run_explain = |extra: &[&str]| {
+        let mut a = vec!["explain", "--config", "plexus.conf", "--pod", "pod.json"];
+        a.extend_from_slice(extra);
+        std::process::Command::new(bin("plexus"))
+            .args(&a)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let out = run_explain(&["--nad", "nads.json"]);
+    assert!(out.status.success());
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["attachments"][1]["interface"], "data0");
+    assert_eq!(
+        plan["attachments"][1]["delegates"][0]["master"],
+        node.master.0.as_str()
+    );
+    let out = run_explain(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["code"], 7);
+    assert!(err["msg"].as_str().unwrap().contains("db/mv"));
+    assert!(node.api.requests().is_empty(), "explain is offline");
 }
