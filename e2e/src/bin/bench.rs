@@ -172,9 +172,9 @@ fn static_mode(plexus: &Path, cni_bin: &Path, n: usize) {
     );
 }
 
-fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize) {
+fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
     let e = Env::new();
-    let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+    let api = TestApiServer::start(TestApiServerOptions { tls, ..TestApiServerOptions::default() }).unwrap();
     api.add_token("bench", Access::Full);
     api.write_kubeconfig(&e.path("kubeconfig"), "bench")
         .unwrap();
@@ -192,10 +192,10 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize) {
         let (mut adds, mut dels) = (vec![], vec![]);
         let (mut add_reqs, mut del_reqs) = (0, 0);
         for i in 0..n {
-            let pod = format!("pg-{i}");
+            let pod = format!("pg-{i}-{}", label.len());
             api.put_pod(json!({"metadata":{"name":pod,"namespace":"db","uid":format!("u-{i}"),
                 "annotations":{"k8s.v1.cni.cncf.io/networks":ann}},"spec":{"containers":[{"name":"c","image":"x"}]}})).unwrap();
-            let cid = format!("bench-k8s-{i}");
+            let cid = format!("bench-k8s-{i}-{}", label.len());
             let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID=u-{i};K8S_POD_INFRA_CONTAINER_ID={cid}");
             let env = |cmd: &'static str| {
                 [
@@ -219,7 +219,8 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize) {
             dels.push(t.elapsed());
             del_reqs = api.requests().len();
         }
-        println!("kubernetes mode, pod with {label}, median of {n}:");
+        let scheme = if tls { "https" } else { "http" };
+        println!("kubernetes mode ({scheme}), pod with {label}, median of {n}:");
         println!(
             "  ADD {:7.2} ms ({add_reqs} API requests)   DEL {:7.2} ms ({del_reqs} API requests)",
             median(adds),
@@ -253,5 +254,6 @@ fn main() {
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
     static_mode(&plexus, &cni_bin, n);
-    kube_mode(&plexus, &cni_bin, n);
+    kube_mode(&plexus, &cni_bin, n, false);
+    kube_mode(&plexus, &cni_bin, n, true);
 }
