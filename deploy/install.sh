@@ -1,0 +1,411 @@
+#!/bin/sh
+# plexus node installer (thin mode), run by the plexus DaemonSet container.
+#
+#  1. installs the plexus binaries into the host CNI bin dir: copy to a temp file in that dir, then
+#     rename over the old one; never written in place (a running binary gives "text file busy");
+#  2. writes <conf-dir>/plexus.d/plexus.kubeconfig (0600, dir 0700) from the service account;
+#  3. writes the plexus CNI config (00-plexus.conflist/.conf) from the first primary CNI config:
+#     temp file + rename, then the identical bytes are rewritten in place so that containerd 1.6,
+#     which reloads only on write events, sees the new config; the old config is never removed;
+#  4. with --watch, re-checks the token, the CA, the primary config and its own config every few
+#     seconds and regenerates what changed. It never removes the config, not even on exit.
+#
+# Needs: sh, coreutils (cp, mv, cmp, dd, sha256sum, base64), jq. See deploy/README.md.
+set -eu
+
+export LC_ALL=C # byte-order globbing, like libcni's sort.Strings
+
+BIN_DIR=${PLEXUS_BIN_DIR:-/host/opt/cni/bin}
+SRC_DIR=${PLEXUS_SRC_DIR:-/usr/src/plexus/bin}
+BINARIES=${PLEXUS_BINARIES:-plexus sriov}
+CONF_DIR=${PLEXUS_CONF_DIR:-/host/etc/cni/net.d}
+HOST_CONF_DIR=${PLEXUS_HOST_CONF_DIR:-/etc/cni/net.d}
+CONF_NAME=${PLEXUS_CONF_NAME:-auto}
+PRIMARY=${PLEXUS_PRIMARY:-auto}
+PRIMARY_WAIT=${PLEXUS_PRIMARY_WAIT_SECONDS:-120}
+CNI_VERSION=${PLEXUS_CNI_VERSION:-}
+NETWORK_NAME=${PLEXUS_NETWORK_NAME:-plexus-cni-network}
+LOG_FILE=${PLEXUS_LOG_FILE:-/var/log/plexus.log}
+LOG_LEVEL=${PLEXUS_LOG_LEVEL:-warn}
+EXTRA_CONFIG=${PLEXUS_EXTRA_CONFIG:-\{\}}
+SA_DIR=/var/run/secrets/kubernetes.io/serviceaccount
+TOKEN_FILE=${PLEXUS_TOKEN_FILE:-$SA_DIR/token}
+CA_FILE=${PLEXUS_CA_FILE:-$SA_DIR/ca.crt}
+SKIP_BINARIES=false
+SKIP_KUBECONFIG=false
+WATCH=false
+WATCH_INTERVAL=${PLEXUS_WATCH_INTERVAL:-5}
+
+usage() {
+	cat <<'EOF'
+usage: install.sh [options]            (each option also has a PLEXUS_* environment variable)
+  --bin-dir DIR             CNI bin dir, as mounted here       [/host/opt/cni/bin]
+  --src-dir DIR             where the binaries to install are  [/usr/src/plexus/bin]
+  --binaries "A B"          binaries to install                [plexus sriov]
+  --skip-binaries           do not install binaries
+  --conf-dir DIR            CNI conf dir, as mounted here      [/host/etc/cni/net.d]
+  --host-conf-dir DIR       the same dir as the host sees it   [/etc/cni/net.d]
+  --conf-name NAME          00-plexus.conflist, 00-plexus.conf, or auto
+                            (auto: .conflist when cniVersion >= 1.0.0)        [auto]
+  --primary NAME            primary config file name, or auto (first *.conf/*.conflist in byte
+                            order not starting with 00-plexus or 00-multus)   [auto]
+  --primary-wait SECONDS    how long to wait for a usable primary config      [120]
+  --cni-version VERSION     used only when the primary config has no cniVersion
+  --network-name NAME       [plexus-cni-network]
+  --log-file PATH           logFile in the generated config    [/var/log/plexus.log]
+  --log-level LEVEL         logLevel in the generated config   [warn]
+  --extra-config JSON       object merged into the plexus plugin config (e.g. namespaceIsolation)
+  --token-file PATH         service account token (PLEXUS_TOKEN=<token> instead also works)
+  --ca-file PATH            service account CA
+  --skip-kubeconfig         no kubeconfig (plexus then runs in-cluster or in static mode)
+  --watch                   keep running; regenerate on token/CA/primary/config changes
+  --watch-interval SECONDS  [5]
+Kubernetes API address: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT and optionally
+KUBERNETES_SERVICE_PROTOCOL (https).
+EOF
+}
+
+log() {
+	printf '%s plexus-install: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >&2
+}
+
+die() {
+	log "error: $*"
+	exit 1
+}
+
+need_value() {
+	[ "$#" -ge 2 ] || die "option $1 needs a value"
+}
+
+while [ "$#" -gt 0 ]; do
+	opt=$1
+	case $opt in
+	--*=*)
+		# --flag=value: split and re-dispatch as --flag value
+		shift
+		set -- "${opt%%=*}" "${opt#*=}" "$@"
+		continue
+		;;
+	esac
+	case $opt in
+	--bin-dir) need_value "$@"; BIN_DIR=$2; shift ;;
+	--src-dir) need_value "$@"; SRC_DIR=$2; shift ;;
+	--binaries) need_value "$@"; BINARIES=$2; shift ;;
+	--skip-binaries) SKIP_BINARIES=true ;;
+	--conf-dir) need_value "$@"; CONF_DIR=$2; shift ;;
+	--host-conf-dir) need_value "$@"; HOST_CONF_DIR=$2; shift ;;
+	--conf-name) need_value "$@"; CONF_NAME=$2; shift ;;
+	--primary) need_value "$@"; PRIMARY=$2; shift ;;
+	--primary-wait) need_value "$@"; PRIMARY_WAIT=$2; shift ;;
+	--cni-version) need_value "$@"; CNI_VERSION=$2; shift ;;
+	--network-name) need_value "$@"; NETWORK_NAME=$2; shift ;;
+	--log-file) need_value "$@"; LOG_FILE=$2; shift ;;
+	--log-level) need_value "$@"; LOG_LEVEL=$2; shift ;;
+	--extra-config) need_value "$@"; EXTRA_CONFIG=$2; shift ;;
+	--token-file) need_value "$@"; TOKEN_FILE=$2; shift ;;
+	--ca-file) need_value "$@"; CA_FILE=$2; shift ;;
+	--skip-kubeconfig) SKIP_KUBECONFIG=true ;;
+	--watch) WATCH=true ;;
+	--watch-interval) need_value "$@"; WATCH_INTERVAL=$2; shift ;;
+	-h | --help) usage; exit 0 ;;
+	*) usage >&2; die "unknown option: $opt" ;;
+	esac
+	shift
+done
+
+case $CONF_NAME in
+auto | 00-plexus.conf | 00-plexus.conflist) ;;
+*.conf | *.conflist) ;;
+*) die "--conf-name must end in .conf or .conflist (got $CONF_NAME)" ;;
+esac
+case $PRIMARY_WAIT in '' | *[!0-9]*) die "--primary-wait must be whole seconds" ;; esac
+command -v jq >/dev/null 2>&1 || die "jq is required"
+printf '%s' "$EXTRA_CONFIG" | jq -e 'type == "object"' >/dev/null 2>&1 ||
+	die "--extra-config must be a JSON object"
+
+PLEXUS_D=$CONF_DIR/plexus.d
+KUBECONFIG_PATH=$PLEXUS_D/plexus.kubeconfig
+KUBECONFIG_HOST_PATH=$HOST_CONF_DIR/plexus.d/plexus.kubeconfig
+
+# Temp files in flight, removed on any exit. Never the published files.
+TMP_FILES=
+SLEEP_PID=
+cleanup() {
+	for t in $TMP_FILES; do rm -f "$t"; done
+	if [ -n "$SLEEP_PID" ]; then kill "$SLEEP_PID" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+trap 'log "signal received; exiting, the config stays in place"; exit 0' TERM INT HUP
+
+# sha256 of a file, or "absent".
+hash_of() {
+	if [ -f "$1" ]; then
+		sha256sum <"$1" | cut -d' ' -f1
+	else
+		echo absent
+	fi
+}
+
+# ---------------------------------------------------------------------------------------- binaries
+
+install_binaries() {
+	mkdir -p "$BIN_DIR"
+	for b in $BINARIES; do
+		src=$SRC_DIR/$b
+		dst=$BIN_DIR/$b
+		[ -f "$src" ] || die "binary $src not found"
+		if [ -f "$dst" ] && cmp -s "$src" "$dst"; then
+			log "$dst is up to date"
+			continue
+		fi
+		# Same directory, so mv is a rename(2): atomic, and it works while the old binary is
+		# executing (writing into it would fail with ETXTBSY).
+		tmp=$BIN_DIR/.$b.plexus-tmp.$$
+		TMP_FILES="$TMP_FILES $tmp"
+		cp "$src" "$tmp" || die "cannot copy $src to $BIN_DIR"
+		chmod 0755 "$tmp" || die "cannot chmod $tmp"
+		mv -f "$tmp" "$dst" || die "cannot rename $tmp to $dst"
+		log "installed $dst"
+	done
+}
+
+# -------------------------------------------------------------------------------------- kubeconfig
+
+# The token (never printed). PLEXUS_TOKEN wins over the token file.
+read_token() {
+	if [ -n "${PLEXUS_TOKEN:-}" ]; then
+		printf '%s' "$PLEXUS_TOKEN"
+	else
+		[ -r "$TOKEN_FILE" ] || die "service account token $TOKEN_FILE not readable"
+		tr -d ' \r\n' <"$TOKEN_FILE"
+	fi
+}
+
+# Hashes of the token and CA, to notice rotation.
+creds_hash() {
+	if [ -n "${PLEXUS_TOKEN:-}" ]; then echo env; else hash_of "$TOKEN_FILE"; fi
+	hash_of "$CA_FILE"
+}
+
+write_kubeconfig() {
+	# Hash before reading: a rotation during this call is seen on the next watch pass.
+	CREDS=$(creds_hash)
+	[ -n "${KUBERNETES_SERVICE_HOST:-}" ] || die "KUBERNETES_SERVICE_HOST is not set"
+	[ -n "${KUBERNETES_SERVICE_PORT:-}" ] || die "KUBERNETES_SERVICE_PORT is not set"
+	[ -r "$CA_FILE" ] || die "CA file $CA_FILE not readable"
+	host=$KUBERNETES_SERVICE_HOST
+	case $host in *:*) host="[$host]" ;; esac
+	server="${KUBERNETES_SERVICE_PROTOCOL:-https}://$host:$KUBERNETES_SERVICE_PORT"
+	ca_data=$(base64 -w0 <"$CA_FILE")
+	token=$(read_token)
+	[ -n "$token" ] || die "service account token is empty"
+	mkdir -p "$PLEXUS_D"
+	chmod 0700 "$PLEXUS_D"
+	tmp=$PLEXUS_D/.plexus.kubeconfig.tmp.$$
+	TMP_FILES="$TMP_FILES $tmp"
+	# printf is a builtin: the token never appears in a process' argv.
+	(
+		umask 077
+		printf '%s\n' \
+			"# Generated by the plexus installer; rewritten when the service account token rotates." \
+			"apiVersion: v1" \
+			"kind: Config" \
+			"clusters:" \
+			"- name: local" \
+			"  cluster:" \
+			"    server: $server" \
+			"    certificate-authority-data: $ca_data" \
+			"users:" \
+			"- name: plexus" \
+			"  user:" \
+			"    token: \"$token\"" \
+			"contexts:" \
+			"- name: plexus-context" \
+			"  context:" \
+			"    cluster: local" \
+			"    user: plexus" \
+			"current-context: plexus-context" >"$tmp"
+	) || die "cannot write $tmp"
+	token=
+	if [ -f "$KUBECONFIG_PATH" ] && cmp -s "$tmp" "$KUBECONFIG_PATH"; then
+		rm -f "$tmp"
+	else
+		mv -f "$tmp" "$KUBECONFIG_PATH" || die "cannot rename $tmp"
+		log "wrote $KUBECONFIG_PATH"
+	fi
+	chmod 0600 "$KUBECONFIG_PATH"
+}
+
+# -------------------------------------------------------------------------------- primary config
+
+# Path of the primary config, or failure when there is none yet.
+find_primary() {
+	if [ "$PRIMARY" != auto ]; then
+		[ -f "$CONF_DIR/$PRIMARY" ] || return 1
+		printf '%s\n' "$CONF_DIR/$PRIMARY"
+		return 0
+	fi
+	for f in "$CONF_DIR"/*; do
+		base=${f##*/}
+		case $base in
+		00-plexus* | 00-multus* | "$CONF_NAME") continue ;;
+		*.conf | *.conflist) ;;
+		*) continue ;;
+		esac
+		[ -f "$f" ] || continue
+		printf '%s\n' "$f"
+		return 0
+	done
+	return 1
+}
+
+# Parse the primary config: sets P_VERSION and P_CAPS. Fails on a partial or invalid file.
+load_primary() {
+	jq -e 'type == "object" and ((.type | type) == "string" or (.plugins | type) == "array")' \
+		"$1" >/dev/null 2>&1 || return 1
+	P_VERSION=$(jq -r '.cniVersion // "" | strings' "$1") || return 1
+	[ -n "$P_VERSION" ] || P_VERSION=$CNI_VERSION
+	if [ -z "$P_VERSION" ]; then
+		log "$1 has no cniVersion (set --cni-version)"
+		return 1
+	fi
+	# Union of the capabilities enabled at the top level (.conf) or in any plugin (.conflist).
+	P_CAPS=$(jq -c '[.capabilities, ((.plugins // []) | .[] | .capabilities?)]
+		| map(select(type == "object") | to_entries[] | select(.value == true) | {(.key): true})
+		| add // {}' "$1") || return 1
+}
+
+# Wait (bounded) for a usable primary config; sets P_PATH, P_VERSION, P_CAPS.
+wait_primary() {
+	tries=0
+	while :; do
+		if P_PATH=$(find_primary) && PRIMARY_STATE="$P_PATH $(hash_of "$P_PATH")" &&
+			load_primary "$P_PATH"; then
+			log "primary CNI config: $P_PATH (cniVersion $P_VERSION)"
+			return 0
+		fi
+		tries=$((tries + 1))
+		[ "$tries" -le "$PRIMARY_WAIT" ] ||
+			die "no usable primary CNI config (*.conf, *.conflist) in $CONF_DIR after ${PRIMARY_WAIT}s"
+		[ "$tries" -gt 1 ] || log "waiting for a primary CNI config in $CONF_DIR"
+		sleep 1
+	done
+}
+
+# --------------------------------------------------------------------------------- plexus config
+
+# Final file name for the primary's version.
+conf_name() {
+	if [ "$CONF_NAME" != auto ]; then
+		printf '%s\n' "$CONF_NAME"
+		return
+	fi
+	case $P_VERSION in
+	0.*) echo 00-plexus.conf ;;
+	*) echo 00-plexus.conflist ;;
+	esac
+}
+
+# The config for the current primary, on stdout.
+render_config() {
+	kubeconfig=$KUBECONFIG_HOST_PATH
+	[ "$SKIP_KUBECONFIG" = false ] || kubeconfig=
+	jq -n \
+		--arg version "$P_VERSION" \
+		--arg name "$NETWORK_NAME" \
+		--arg kubeconfig "$kubeconfig" \
+		--arg cluster "$HOST_CONF_DIR/${P_PATH##*/}" \
+		--argjson caps "$P_CAPS" \
+		--arg logfile "$LOG_FILE" \
+		--arg loglevel "$LOG_LEVEL" \
+		--argjson extra "$EXTRA_CONFIG" \
+		--arg list "$1" '
+		({type: "plexus", kubeconfig: $kubeconfig, clusterNetwork: $cluster,
+		  capabilities: $caps, logFile: $logfile, logLevel: $loglevel} + $extra
+		 | with_entries(select(.value != "" and .value != {}))) as $plugin
+		| if $list == "true"
+		  then {cniVersion: $version, name: $name, plugins: [$plugin]}
+		  else {cniVersion: $version, name: $name} + $plugin end'
+}
+
+# Publish the config for the current primary. Safe to repeat.
+write_config() {
+	name=$(conf_name)
+	final=$CONF_DIR/$name
+	list=false
+	case $name in *.conflist) list=true ;; esac
+	mkdir -p "$PLEXUS_D"
+	staged=$PLEXUS_D/.config.staged.$$
+	tmp=$CONF_DIR/.$name.plexus-tmp.$$ # no .conf/.conflist/.json suffix: libcni ignores it
+	TMP_FILES="$TMP_FILES $staged $tmp"
+	render_config "$list" >"$staged" || die "cannot render the plexus config"
+	if ! { [ -f "$final" ] && cmp -s "$staged" "$final"; }; then
+		cp "$staged" "$tmp" || die "cannot write $tmp"
+		chmod 0644 "$tmp"
+		# rename(2) over the old config: it never disappears and is never partial.
+		mv -f "$tmp" "$final" || die "cannot rename $tmp to $final"
+		log "wrote $final"
+	fi
+	# containerd 1.6 ignores the Create event of a rename; rewrite the same bytes in place
+	# (no truncation, same length) so that it gets a Write event on the complete file.
+	if cmp -s "$staged" "$final"; then
+		dd if="$staged" of="$final" conv=notrunc status=none || die "cannot rewrite $final"
+	fi
+	PUBLISHED_HASH=$(hash_of "$final")
+	PUBLISHED_PATH=$final
+	rm -f "$staged"
+	# A config of the other extension from an earlier run would shadow or duplicate this one.
+	for other in "$CONF_DIR/00-plexus.conf" "$CONF_DIR/00-plexus.conflist"; do
+		if [ "$other" != "$final" ] && [ -f "$other" ]; then
+			rm -f "$other"
+			log "removed stale $other"
+		fi
+	done
+}
+
+# ------------------------------------------------------------------------------------------ main
+
+[ "$SKIP_BINARIES" = true ] || install_binaries
+[ "$SKIP_KUBECONFIG" = true ] || write_kubeconfig
+wait_primary
+write_config
+
+[ "$WATCH" = true ] || exit 0
+
+log "watching every ${WATCH_INTERVAL}s"
+MISSING_LOGGED=false
+while :; do
+	sleep "$WATCH_INTERVAL" &
+	SLEEP_PID=$!
+	wait "$SLEEP_PID" || true
+	SLEEP_PID=
+	if [ "$SKIP_KUBECONFIG" = false ]; then
+		if [ "$(creds_hash)" != "$CREDS" ]; then
+			log "service account token or CA changed"
+			write_kubeconfig
+		fi
+	fi
+	if ! p=$(find_primary); then
+		# Keep the old config: a missing primary is usually a restart of the primary CNI.
+		[ "$MISSING_LOGGED" = true ] || log "primary CNI config is gone; waiting, $PUBLISHED_PATH stays"
+		MISSING_LOGGED=true
+		continue
+	fi
+	MISSING_LOGGED=false
+	state="$p $(hash_of "$p")"
+	if [ "$state" != "$PRIMARY_STATE" ]; then
+		# Hashed before parsing: a change during the parse is seen on the next pass.
+		if load_primary "$p"; then
+			log "primary CNI config changed: $p (cniVersion $P_VERSION)"
+			P_PATH=$p
+			PRIMARY_STATE=$state
+			write_config
+		fi
+		continue
+	fi
+	if [ "$(hash_of "$PUBLISHED_PATH")" != "$PUBLISHED_HASH" ]; then
+		log "$PUBLISHED_PATH was changed or removed by someone else; restoring it"
+		write_config
+	fi
+done

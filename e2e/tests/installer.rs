@@ -1,0 +1,706 @@
+//! Tests of the node installer `deploy/install.sh`, run for real in temp dirs: binary install
+//! (idempotent, a busy binary replaced by rename), the kubeconfig, the generated config, and the
+//! containerd 1.6 contract (a write event on the final config after its rename; the old config is
+//! never removed), observed with inotify.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The service account token the tests use; it must never appear in the installer's output.
+const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.plexus-test-token-7f3a9c";
+const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBplexustestca\n-----END CERTIFICATE-----\n";
+
+/// Linux errno for "text file busy".
+const ETXTBSY: i32 = 26;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install.sh")
+}
+
+/// A fake node: source binaries, host bin and conf dirs, a service account.
+struct Node {
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let node = Node {
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        for d in ["src", "bin", "conf", "sa"] {
+            fs::create_dir(node.path(d)).expect("mkdir");
+        }
+        fs::copy("/bin/true", node.path("src/plexus")).expect("copy true");
+        fs::copy("/bin/false", node.path("src/sriov")).expect("copy false");
+        fs::write(node.path("sa/token"), format!("{TOKEN}\n")).expect("token");
+        fs::write(node.path("sa/ca.crt"), CA).expect("ca");
+        node
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn conf(&self, name: &str) -> PathBuf {
+        self.path("conf").join(name)
+    }
+
+    /// Write a file in the conf dir the way a CNI installer would (temp + rename).
+    fn put_conf(&self, name: &str, v: &Value) {
+        let tmp = self.path(&format!("conf/.{name}.tmp"));
+        fs::write(&tmp, serde_json::to_vec_pretty(v).expect("json")).expect("write");
+        fs::rename(&tmp, self.conf(name)).expect("rename");
+    }
+
+    fn command(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new("sh");
+        c.arg(script());
+        for (flag, rel) in [
+            ("--src-dir", "src"),
+            ("--bin-dir", "bin"),
+            ("--conf-dir", "conf"),
+            ("--host-conf-dir", "conf"),
+            ("--token-file", "sa/token"),
+            ("--ca-file", "sa/ca.crt"),
+        ] {
+            c.arg(flag).arg(self.path(rel));
+        }
+        c.args(["--primary-wait", "0"]).args(extra);
+        let plexus_vars: Vec<_> = std::env::vars()
+            .map(|(k, _)| k)
+            .filter(|k| k.starts_with("PLEXUS_") || k.starts_with("KUBERNETES_"))
+            .collect();
+        for k in plexus_vars {
+            c.env_remove(k);
+        }
+        c.env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+            .env("KUBERNETES_SERVICE_PORT", "443")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, extra: &[&str]) -> Output {
+        let out = self.command(extra).output().expect("run install.sh");
+        assert_no_token(&out);
+        out
+    }
+
+    fn install(&self, extra: &[&str]) -> String {
+        let out = self.run(extra);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "install.sh failed: {stderr}");
+        stderr
+    }
+
+    fn read_json(&self, name: &str) -> Value {
+        let bytes = fs::read(self.conf(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
+    }
+}
+
+fn assert_no_token(out: &Output) {
+    for (what, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+        let s = String::from_utf8_lossy(bytes);
+        assert!(
+            !s.contains("plexus-test-token"),
+            "token printed on {what}: {s}"
+        );
+    }
+}
+
+fn flannel_conflist(version: &str) -> Value {
+    json!({"name": "cbr0", "cniVersion": version, "plugins": [
+        {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+        {"type": "portmap", "capabilities": {"portMappings": true}},
+        {"type": "bandwidth", "capabilities": {"bandwidth": true, "ips": false}}
+    ]})
+}
+
+/// Poll `cond` every 20 ms until it holds or `timeout` passes.
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process killed and reaped on drop.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+mod inotify {
+    //! Minimal inotify reader over the C library's functions (std links it). The e2e crate has no
+    //! `nix`/`libc` dependency; with nix's `inotify` feature this module becomes
+    //! `nix::sys::inotify::Inotify` (requested in /work/notes/deploy-needs.txt).
+    #![allow(unsafe_code)]
+
+    use std::ffi::{c_char, c_int, CString};
+    use std::fs::File;
+    use std::io::{ErrorKind, Read};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    pub const IN_MODIFY: u32 = 0x2;
+    pub const IN_ATTRIB: u32 = 0x4;
+    pub const IN_CLOSE_WRITE: u32 = 0x8;
+    pub const IN_MOVED_FROM: u32 = 0x40;
+    pub const IN_MOVED_TO: u32 = 0x80;
+    pub const IN_CREATE: u32 = 0x100;
+    pub const IN_DELETE: u32 = 0x200;
+    const IN_NONBLOCK: c_int = 0o4000;
+    const IN_CLOEXEC: c_int = 0o2000000;
+
+    extern "C" {
+        fn inotify_init1(flags: c_int) -> c_int;
+        fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int;
+    }
+
+    /// One event: the mask and the file name in the watched directory.
+    #[derive(Debug, Clone)]
+    pub struct Event {
+        pub mask: u32,
+        pub name: String,
+    }
+
+    /// A non-blocking inotify instance watching one directory.
+    pub struct Watch {
+        file: File,
+    }
+
+    impl Watch {
+        pub fn dir(path: &Path) -> std::io::Result<Watch> {
+            let cpath = CString::new(path.as_os_str().as_bytes())?;
+            // SAFETY: plain syscall wrapper; the returned fd is checked and then owned.
+            let fd = unsafe { inotify_init1(IN_NONBLOCK | IN_CLOEXEC) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: fd is a fresh descriptor nobody else owns.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            let mask = IN_MODIFY
+                | IN_ATTRIB
+                | IN_CLOSE_WRITE
+                | IN_MOVED_FROM
+                | IN_MOVED_TO
+                | IN_CREATE
+                | IN_DELETE;
+            // SAFETY: fd is open and cpath is a valid NUL-terminated string for the call.
+            let wd = unsafe { inotify_add_watch(fd, cpath.as_ptr(), mask) };
+            if wd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Watch {
+                file: File::from(owned),
+            })
+        }
+
+        /// Every queued event, in order.
+        pub fn drain(&mut self) -> Vec<Event> {
+            let mut events = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match self.file.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return events,
+                    Err(e) => panic!("read inotify: {e}"),
+                };
+                let mut off = 0;
+                while off + 16 <= n {
+                    let word = |i: usize| {
+                        let b = &buf[off + i..off + i + 4];
+                        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+                    };
+                    let mask = word(4);
+                    let len = word(12) as usize;
+                    let raw = &buf[off + 16..off + 16 + len];
+                    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+                    events.push(Event {
+                        mask,
+                        name: String::from_utf8_lossy(&raw[..end]).into_owned(),
+                    });
+                    off += 16 + len;
+                }
+            }
+        }
+    }
+}
+
+use inotify::{Event, IN_CREATE, IN_DELETE, IN_MODIFY, IN_MOVED_FROM, IN_MOVED_TO};
+
+/// Index of the last event on `name` matching `mask`.
+fn last(events: &[Event], name: &str, mask: u32) -> Option<usize> {
+    events
+        .iter()
+        .rposition(|e| e.name == name && e.mask & mask != 0)
+}
+
+/// The containerd 1.6 contract for one publication of `name`: it was renamed in, a write event on
+/// it follows the rename, and it was never deleted or renamed away.
+fn assert_containerd_contract(events: &[Event], name: &str) {
+    let moved = last(events, name, IN_MOVED_TO)
+        .unwrap_or_else(|| panic!("no IN_MOVED_TO for {name}: {events:?}"));
+    let modified = last(events, name, IN_MODIFY)
+        .unwrap_or_else(|| panic!("no IN_MODIFY for {name}: {events:?}"));
+    assert!(
+        modified > moved,
+        "IN_MODIFY must follow the rename: {events:?}"
+    );
+    assert!(
+        last(events, name, IN_DELETE | IN_MOVED_FROM).is_none(),
+        "{name} was removed or renamed away: {events:?}"
+    );
+    // The final name was never created empty and then filled (a partial file).
+    assert!(
+        last(events, name, IN_CREATE).is_none(),
+        "{name} was created in place: {events:?}"
+    );
+    // fsnotify (containerd) sees IN_MOVED_TO as Create, which containerd 1.6 ignores: the reload
+    // comes from the write, so the last reload-triggering event must come after the rename.
+    let reload_mask = IN_MODIFY | IN_DELETE | IN_MOVED_FROM;
+    let last_reload = events
+        .iter()
+        .rposition(|e| e.mask & reload_mask != 0)
+        .expect("a reload event");
+    assert!(
+        last_reload > moved,
+        "no reload after the rename: {events:?}"
+    );
+}
+
+#[test]
+fn binaries_are_installed_and_reinstall_is_idempotent() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    node.install(&[]);
+    for b in ["plexus", "sriov"] {
+        let dst = node.path(&format!("bin/{b}"));
+        assert_eq!(
+            fs::read(&dst).expect("installed"),
+            fs::read(node.path(&format!("src/{b}"))).expect("src")
+        );
+        assert_eq!(
+            fs::metadata(&dst).expect("meta").permissions().mode() & 0o7777,
+            0o755
+        );
+    }
+    let ino = fs::metadata(node.path("bin/plexus")).expect("meta").ino();
+
+    let stderr = node.install(&[]);
+    assert!(stderr.contains("is up to date"), "{stderr}");
+    assert_eq!(
+        fs::metadata(node.path("bin/plexus")).expect("meta").ino(),
+        ino,
+        "an identical binary must not be rewritten"
+    );
+
+    // A new version replaces the file (a new inode: renamed, not written in place).
+    fs::copy("/bin/echo", node.path("src/plexus")).expect("copy echo");
+    node.install(&[]);
+    let meta = fs::metadata(node.path("bin/plexus")).expect("meta");
+    assert_ne!(meta.ino(), ino);
+    assert_eq!(
+        fs::read(node.path("bin/plexus")).expect("read"),
+        fs::read("/bin/echo").expect("echo")
+    );
+    let leftovers: Vec<_> = fs::read_dir(node.path("bin"))
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}
+
+#[test]
+fn busy_binary_is_replaced_without_disturbing_the_running_process() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    let dst = node.path("bin/plexus");
+    fs::copy("/bin/sleep", &dst).expect("copy sleep");
+    // Another test thread may fork while our copy's fd is open; its child then holds the file
+    // open for writing until it execs, and our exec fails with ETXTBSY for a moment.
+    let mut child = None;
+    for _ in 0..100 {
+        match Command::new(&dst).arg("30").spawn() {
+            Ok(c) => {
+                child = Some(Reaped(c));
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("spawn busy binary: {e}"),
+        }
+    }
+    let mut child = child.expect("busy binary started");
+    // The situation is real: writing into the running binary fails with "text file busy".
+    let err = fs::OpenOptions::new()
+        .write(true)
+        .open(&dst)
+        .expect_err("a running binary cannot be opened for writing");
+    assert_eq!(err.raw_os_error(), Some(ETXTBSY), "{err}");
+
+    node.install(&[]);
+    assert_eq!(
+        fs::read(&dst).expect("read"),
+        fs::read(node.path("src/plexus")).expect("src")
+    );
+    assert!(
+        child.0.try_wait().expect("try_wait").is_none(),
+        "the running process must be unaffected"
+    );
+    let exe = fs::read_link(format!("/proc/{}/exe", child.0.id())).expect("exe link");
+    assert!(
+        exe.to_string_lossy().ends_with("(deleted)"),
+        "the process keeps running its old (now unlinked) file: {}",
+        exe.display()
+    );
+}
+
+#[test]
+fn kubeconfig_is_private_and_the_token_is_never_printed() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    node.install(&[]);
+    let kc = node.conf("plexus.d/plexus.kubeconfig");
+    let mode = |p: &Path| fs::metadata(p).expect("meta").permissions().mode() & 0o7777;
+    assert_eq!(mode(&kc), 0o600);
+    assert_eq!(mode(&node.conf("plexus.d")), 0o700);
+    let text = fs::read_to_string(&kc).expect("kubeconfig");
+    use base64::Engine as _;
+    let ca_data = base64::engine::general_purpose::STANDARD.encode(CA);
+    for want in [
+        "server: https://10.96.0.1:443".to_string(),
+        format!("certificate-authority-data: {ca_data}"),
+        format!("token: \"{TOKEN}\""),
+        "current-context: plexus-context".to_string(),
+    ] {
+        assert!(text.contains(&want), "missing {want:?} in:\n{text}");
+    }
+    // The file is a kubeconfig kube-rs reads (plexus uses kube's parser).
+    let parsed = kube::config::Kubeconfig::read_from(&kc).expect("kube parses the kubeconfig");
+    assert_eq!(parsed.current_context.as_deref(), Some("plexus-context"));
+
+    // An IPv6 API address is bracketed.
+    let out = node
+        .command(&[])
+        .env("KUBERNETES_SERVICE_HOST", "fd00::1")
+        .output()
+        .expect("run");
+    assert_no_token(&out);
+    assert!(out.status.success());
+    let text = fs::read_to_string(&kc).expect("kubeconfig");
+    assert!(text.contains("server: https://[fd00::1]:443"), "{text}");
+
+    // Without an API address there is no kubeconfig to write: a clear error, still no token.
+    let out = node
+        .command(&[])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run");
+    assert_no_token(&out);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KUBERNETES_SERVICE_HOST"));
+}
+
+#[test]
+fn config_is_generated_from_the_first_primary_config() {
+    let node = Node::new();
+    // Skipped: our own and Multus' configs, non-CNI names; "10-…" sorts before "20-…".
+    node.put_conf(
+        "00-multus.conf",
+        &json!({"cniVersion": "0.3.1", "name": "m", "type": "multus"}),
+    );
+    fs::write(node.conf("05-notes.txt"), "not a config").expect("write");
+    node.put_conf(
+        "20-bridge.conf",
+        &json!({"cniVersion": "0.3.1", "name": "b", "type": "bridge"}),
+    );
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    node.install(&[]);
+
+    let c = node.read_json("00-plexus.conflist");
+    assert_eq!(c["cniVersion"], "1.0.0");
+    assert_eq!(c["name"], "plexus-cni-network");
+    let plugins = c["plugins"].as_array().expect("plugins");
+    assert_eq!(plugins.len(), 1);
+    let p = &plugins[0];
+    let primary = node.conf("10-flannel.conflist");
+    assert_eq!(p["type"], "plexus");
+    assert_eq!(p["clusterNetwork"], primary.to_string_lossy().as_ref());
+    assert_eq!(
+        p["kubeconfig"],
+        node.conf("plexus.d/plexus.kubeconfig")
+            .to_string_lossy()
+            .as_ref()
+    );
+    // The union of the enabled capabilities of every plugin; `ips: false` is not one.
+    assert_eq!(
+        p["capabilities"],
+        json!({"portMappings": true, "bandwidth": true})
+    );
+    assert_eq!(p["logFile"], "/var/log/plexus.log");
+    assert_eq!(p["logLevel"], "warn");
+    assert!(!node.conf("00-plexus.conf").exists());
+
+    // The real plexus accepts the plugin config libcni would hand it and resolves the primary.
+    let mut plugin = p.clone();
+    plugin["cniVersion"] = c["cniVersion"].clone();
+    plugin["name"] = c["name"].clone();
+    fs::write(node.path("plugin.json"), plugin.to_string()).expect("write");
+    fs::write(
+        node.path("pod.json"),
+        json!({"metadata": {"name": "p", "namespace": "default", "uid": "u1"}}).to_string(),
+    )
+    .expect("write");
+    let out = Command::new(common::bin("plexus"))
+        .arg("explain")
+        .arg("--config")
+        .arg(node.path("plugin.json"))
+        .arg("--pod")
+        .arg(node.path("pod.json"))
+        .output()
+        .expect("plexus explain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("plan JSON");
+    let types: Vec<_> = plan["attachments"][0]["delegates"]
+        .as_array()
+        .expect("delegates")
+        .iter()
+        .map(|d| d["type"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(types, ["flannel", "portmap", "bandwidth"]);
+    assert_eq!(plan["attachments"][0]["network"], "cbr0");
+
+    // A 0.x primary gives a single-plugin .conf with its version and top-level capabilities;
+    // the .conflist from before is removed only after the .conf exists.
+    fs::remove_file(node.conf("10-flannel.conflist")).expect("rm");
+    node.put_conf(
+        "10-calico.conf",
+        &json!({"cniVersion": "0.4.0", "name": "k8s-pod-network", "type": "calico",
+                "capabilities": {"portMappings": true}}),
+    );
+    let mut watch = inotify::Watch::dir(&node.path("conf")).expect("inotify");
+    node.install(&["--extra-config", r#"{"namespaceIsolation": true}"#]);
+    let events = watch.drain();
+    let c = node.read_json("00-plexus.conf");
+    assert_eq!(c["cniVersion"], "0.4.0");
+    assert_eq!(c["type"], "plexus");
+    assert_eq!(
+        c["clusterNetwork"],
+        node.conf("10-calico.conf").to_string_lossy().as_ref()
+    );
+    assert_eq!(c["capabilities"], json!({"portMappings": true}));
+    assert_eq!(c["namespaceIsolation"], true);
+    assert!(!node.conf("00-plexus.conflist").exists());
+    assert_containerd_contract(&events, "00-plexus.conf");
+    let removed = last(&events, "00-plexus.conflist", IN_DELETE).expect("old removed");
+    assert!(
+        removed > last(&events, "00-plexus.conf", IN_MODIFY).expect("new written"),
+        "the old config went away before the new one was loaded: {events:?}"
+    );
+}
+
+#[test]
+fn primary_config_is_waited_for_with_a_bound() {
+    let node = Node::new();
+    let started = Instant::now();
+    let out = node.run(&["--primary-wait", "1"]);
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no usable primary CNI config"), "{stderr}");
+    assert!(!node.conf("00-plexus.conflist").exists());
+
+    // A primary that shows up while the installer waits is used.
+    let child = node
+        .command(&["--primary-wait", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(300));
+    node.put_conf("10-flannel.conflist", &flannel_conflist("0.3.1"));
+    let out = child.wait_with_output().expect("wait");
+    assert_no_token(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(node.read_json("00-plexus.conf")["cniVersion"], "0.3.1");
+}
+
+#[test]
+fn config_update_keeps_the_old_file_and_ends_with_a_write_event() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+
+    // First install into an empty dir: the same contract.
+    let mut watch = inotify::Watch::dir(&node.path("conf")).expect("inotify");
+    node.install(&[]);
+    assert_containerd_contract(&watch.drain(), "00-plexus.conflist");
+
+    // Update: a reader polling the final file never finds it missing or partial.
+    let mut primary = flannel_conflist("1.0.0");
+    primary["plugins"][1]["capabilities"] =
+        json!({"portMappings": true, "io.kubernetes.cri.pod-annotations": true});
+    node.put_conf("10-flannel.conflist", &primary);
+    let _ = watch.drain();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (stop, reads, path) = (stop.clone(), reads.clone(), node.conf("00-plexus.conflist"));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let bytes = fs::read(&path).expect("the config is never missing");
+                let v: Value = serde_json::from_slice(&bytes).expect("the config is never partial");
+                assert_eq!(v["plugins"][0]["type"], "plexus");
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    node.install(&[]);
+    stop.store(true, Ordering::Relaxed);
+    reader
+        .join()
+        .expect("reader saw a complete config every time");
+    assert!(reads.load(Ordering::Relaxed) > 0);
+    let events = watch.drain();
+    assert_containerd_contract(&events, "00-plexus.conflist");
+    assert_eq!(
+        node.read_json("00-plexus.conflist")["plugins"][0]["capabilities"],
+        json!({"portMappings": true, "bandwidth": true, "io.kubernetes.cri.pod-annotations": true})
+    );
+
+    // Unchanged inputs: no rename, but still one write event so a runtime that missed the last
+    // one (installer killed between rename and rewrite) loads the config.
+    let ino = fs::metadata(node.conf("00-plexus.conflist"))
+        .expect("meta")
+        .ino();
+    node.install(&[]);
+    let events = watch.drain();
+    assert!(last(&events, "00-plexus.conflist", IN_MOVED_TO).is_none());
+    assert!(last(&events, "00-plexus.conflist", IN_MODIFY).is_some());
+    assert!(last(&events, "00-plexus.conflist", IN_DELETE).is_none());
+    assert_eq!(
+        fs::metadata(node.conf("00-plexus.conflist"))
+            .expect("meta")
+            .ino(),
+        ino
+    );
+}
+
+#[test]
+fn watch_regenerates_on_changes_and_keeps_the_config_on_exit() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    let mut proc = Reaped(
+        node.command(&["--watch", "--watch-interval", "0.1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn"),
+    );
+    let conf = node.conf("00-plexus.conflist");
+    let kc = node.conf("plexus.d/plexus.kubeconfig");
+    let limit = Duration::from_secs(10);
+    assert!(wait_until(limit, || conf.exists()), "config written");
+
+    // Token rotation (kubelet swaps the projected file atomically).
+    let rotated = "eyJhbGciOiJSUzI1NiJ9.plexus-test-token-rotated";
+    fs::write(node.path("sa/.token.new"), rotated).expect("write");
+    fs::rename(node.path("sa/.token.new"), node.path("sa/token")).expect("rename");
+    assert!(
+        wait_until(limit, || fs::read_to_string(&kc)
+            .map(|t| t.contains(rotated))
+            .unwrap_or(false)),
+        "kubeconfig follows the rotated token"
+    );
+
+    // The primary changes: the config follows, with the same contract.
+    let mut watch = inotify::Watch::dir(&node.path("conf")).expect("inotify");
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.1.0"));
+    let read_version = || {
+        fs::read(&conf)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .map(|v| v["cniVersion"].clone())
+    };
+    assert!(
+        wait_until(limit, || read_version() == Some(json!("1.1.0"))),
+        "config follows the primary"
+    );
+    // The in-place rewrite follows the rename within the same pass; give it a moment.
+    assert!(wait_until(limit, || {
+        let e = watch.drain();
+        last(&e, "00-plexus.conflist", IN_MODIFY).is_some()
+    }));
+
+    // Someone removes our config (another CNI's installer): it is restored.
+    fs::remove_file(&conf).expect("rm");
+    assert!(wait_until(limit, || conf.exists()), "config restored");
+
+    // The primary goes away (the primary CNI restarting): our config stays.
+    fs::remove_file(node.conf("10-flannel.conflist")).expect("rm");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(conf.exists(), "config kept while the primary is gone");
+
+    // SIGTERM: a clean exit, nothing removed.
+    let pid = proc.0.id().to_string();
+    let ok = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+    let mut status = None;
+    assert!(
+        wait_until(limit, || {
+            status = proc.0.try_wait().expect("try_wait");
+            status.is_some()
+        }),
+        "installer exits on SIGTERM"
+    );
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(conf.exists() && kc.exists(), "nothing removed on exit");
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    use std::io::Read as _;
+    if let Some(mut s) = proc.0.stdout.take() {
+        s.read_to_end(&mut out).expect("stdout");
+    }
+    if let Some(mut s) = proc.0.stderr.take() {
+        s.read_to_end(&mut err).expect("stderr");
+    }
+    let stderr = String::from_utf8_lossy(&err);
+    assert!(
+        !stderr.contains("plexus-test-token") && !String::from_utf8_lossy(&out).contains("token-"),
+        "token printed: {stderr}"
+    );
+    assert!(stderr.contains("restoring"), "{stderr}");
+}
