@@ -134,6 +134,9 @@ async fn accept_loop(
             _ = shutdown.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    // Go's net/http (the real kube-apiserver) sets TCP_NODELAY on every
+                    // accepted connection; without it TLS handshakes meet delayed ACKs.
+                    let _ = stream.set_nodelay(true);
                     let shared = Arc::clone(&shared);
                     conns.spawn(async move {
                         match shared.tls.as_ref().map(|t| t.acceptor.clone()) {
