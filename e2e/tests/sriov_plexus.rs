@@ -11,9 +11,7 @@ use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
 use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
 use plexus_sriov::pf_fake::{FakePfState, FilePf};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 const PF: &str = "enp175s0f1";
 const PF_PCI: &str = "0000:af:00.1";
@@ -110,40 +108,23 @@ impl Rig {
         let args = format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE=bank;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
         );
-        let mut c = Command::new(bin("plexus"));
-        c.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CNI_COMMAND", cmd)
-            .env("CNI_CONTAINERID", format!("cid-{pod}"))
-            .env("CNI_NETNS", netns)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_ARGS", args)
-            .env("CNI_PATH", CNI_BIN)
-            .env("PLEXUS_SYSFS_ROOT", self.p("sys"))
-            .env("PLEXUS_SRIOV_STATE_DIR", self.p("sriov-state"))
-            .env("PLEXUS_SRIOV_FAKE_PF", self.p("pf.json"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        Run {
-            code: out.status.code().unwrap_or(-1),
-            out: if text.trim().is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_str(&text).unwrap()
-            },
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        let cid = format!("cid-{pod}");
+        let (sysfs, state, pf) = (self.p("sys"), self.p("sriov-state"), self.p("pf.json"));
+        let env = [
+            ("PLEXUS_SYSFS_ROOT", sysfs.to_str().unwrap()),
+            ("PLEXUS_SRIOV_STATE_DIR", state.to_str().unwrap()),
+            ("PLEXUS_SRIOV_FAKE_PF", pf.to_str().unwrap()),
+        ];
+        let call = Call {
+            command: cmd,
+            container_id: &cid,
+            netns,
+            ifname: "eth0",
+            args: &args,
+        };
+        run(&bin("plexus"), &call, &conf, &env)
     }
+
     fn host_vf(&self) -> Value {
         let v: Value = serde_json::from_str(&self.host.ip(&["-j", "link", "show", "vf0"]))
             .unwrap_or(json!([]));
