@@ -566,3 +566,29 @@ fn explain_prints_the_plan_or_the_add_error() {
     assert!(err["msg"].as_str().unwrap().contains("db/mv"));
     assert!(node.api.requests().is_empty(), "explain is offline");
 }
+
+#[test]
+fn pod_recreated_with_another_uid_is_refused() {
+    let node = Node::new(42);
+    let ns = Netns::new();
+    node.pod("db", "sts-0", json!({}));
+    let r = node.call(
+        "ADD",
+        "cid-sts",
+        &ns.path(),
+        &Node::args("db", "sts-0", "uid-of-the-old-pod"),
+    );
+    let e = r.err();
+    let text = e.to_string();
+    assert!(
+        text.contains("db/sts-0") && text.contains("uid-of-the-old-pod"),
+        "{e}"
+    );
+    assert_eq!(ns.links(), vec!["lo"]);
+    assert!(node.leftovers().is_empty());
+    let pod = node.api.get_pod("db", "sts-0").unwrap();
+    assert!(
+        pod["metadata"]["annotations"].get(STATUS).is_none(),
+        "no status on the new pod"
+    );
+}
