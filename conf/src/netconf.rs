@@ -241,9 +241,9 @@ impl NetConfList {
             .filter(|(k, _)| caps.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        if rc.is_empty() {
-            out.remove("runtimeConfig");
-        } else {
+        // Like libcni: runtimeConfig is replaced only when some capability applies; a
+        // runtimeConfig written in the config itself is otherwise passed through.
+        if !rc.is_empty() {
             out.insert("runtimeConfig".into(), Value::Object(rc));
         }
         match prev_result {

@@ -143,6 +143,20 @@ struct LegacyRoute {
     gw: Option<String>,
 }
 
+/// Remove `null` members from objects, recursively (Go writes `null` for empty slices).
+pub fn strip_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(strip_nulls).collect()),
+        other => other,
+    }
+}
+
 fn decode_err(e: impl std::fmt::Display) -> CniError {
     CniError::decode("failed to decode CNI result", e.to_string())
 }
@@ -161,6 +175,12 @@ impl CniResult {
             .filter(|v| !v.is_empty())
             .unwrap_or(fallback_version)
             .to_string();
+        // Go marshals empty slices and pointers as null: read null as absent.
+        let cleaned = strip_nulls(value.clone());
+        let value = &cleaned;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| decode_err("result is not a JSON object"))?;
         let legacy = obj.contains_key("ip4") || obj.contains_key("ip6");
         let modern = obj.contains_key("ips") || obj.contains_key("interfaces");
         let mut result = if legacy && !modern {
@@ -454,6 +474,13 @@ mod tests {
             6
         );
         assert_eq!(CniResult::default().to_value("7.0.0").unwrap_err().code, 1);
+    }
+
+    #[test]
+    fn go_nulls_are_absent() {
+        let r = CniResult::parse(&v(r#"{"cniVersion":"1.0.0","interfaces":null,"ips":[{"address":"10.0.0.2/24","gateway":null}],"routes":null,"dns":null}"#)).unwrap();
+        assert_eq!(r.ips[0].gateway, None);
+        assert!(r.interfaces.is_empty() && r.dns.is_empty());
     }
 
     #[test]

@@ -203,6 +203,7 @@ fn run(
     stdin: &[u8],
     timeout: Duration,
 ) -> Result<Finished, CniError> {
+    let started = Instant::now();
     let mut child = spawn(binary, verb, env).map_err(|e| {
         CniError::new(
             code::INTERNAL,
@@ -220,12 +221,13 @@ fn run(
         }
     });
     let mut err_pipe = child.stderr.take();
-    let err_reader = std::thread::spawn(move || {
+    let (err_tx, err_rx) = mpsc::channel();
+    std::thread::spawn(move || {
         let mut buf = Vec::new();
         if let Some(p) = err_pipe.as_mut() {
             let _ = p.read_to_end(&mut buf);
         }
-        buf
+        let _ = err_tx.send(buf);
     });
     let (tx, rx) = mpsc::channel();
     let mut out_pipe = child.stdout.take();
@@ -254,7 +256,18 @@ fn run(
         }
     };
     let _ = writer.join();
-    let stderr = err_reader.join().unwrap_or_default();
+    // A child of the plugin may keep stderr open: wait for it only until the deadline, then
+    // kill the whole group (the plugin itself has exited by now).
+    let remaining = timeout.saturating_sub(started.elapsed());
+    let stderr = match err_rx.recv_timeout(remaining) {
+        Ok(b) => b,
+        Err(_) => {
+            kill_group(pid);
+            err_rx
+                .recv_timeout(Duration::from_secs(1))
+                .unwrap_or_default()
+        }
+    };
     let status = status
         .map_err(|e| CniError::new(code::INTERNAL, "failed to wait for plugin", e.to_string()))?;
     Ok(Finished {
@@ -392,6 +405,24 @@ mod tests {
                 .unwrap_or_default()
                 .contains(") Z");
         assert!(!alive, "grandchild {child} survived the timeout");
+    }
+
+    #[test]
+    fn a_child_holding_stderr_open_does_not_outlive_the_deadline() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(
+            t.path(),
+            "leaky",
+            r#"cat >/dev/null; (sleep 30 >/dev/null) & echo '{"cniVersion":"1.0.0"}'"#,
+        );
+        let start = Instant::now();
+        let out = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_millis(500));
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(out.is_ok(), "{out:?}");
     }
 
     #[test]

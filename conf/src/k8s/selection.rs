@@ -206,7 +206,7 @@ pub fn parse_selections(value: &str, annotation: &str) -> Result<Vec<NetworkSele
             .into_iter()
             .enumerate()
             .map(|(i, item)| {
-                serde_json::from_value::<NetworkSelection>(item)
+                serde_json::from_value::<NetworkSelection>(crate::result::strip_nulls(item))
                     .map_err(|e| bad(annotation, format!("element {i}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?
@@ -283,6 +283,16 @@ mod tests {
         assert_eq!(s[0].device_id.as_deref(), Some("0000:04:00.5"));
         assert_eq!(s[0].ipam_claim_reference.as_deref(), Some("claim-1"));
         assert_eq!(s[1].requested_interface(), Some("old0"));
+    }
+
+    #[test]
+    fn nulls_read_as_absent() {
+        let s = parse_selections(
+            r#"[{"name":"a","ips":null,"mac":null,"namespace":null}]"#,
+            NETWORKS_ANNOTATION,
+        )
+        .unwrap();
+        assert!(s[0].ips.is_empty() && s[0].mac.is_none());
     }
 
     #[test]
