@@ -556,6 +556,22 @@ fn primary_config_is_waited_for_with_a_bound() {
 }
 
 #[test]
+fn a_plexus_or_multus_config_is_never_the_primary() {
+    let node = Node::new();
+    // Not skipped by name, but delegating to it would make plexus call itself (Multus #1108).
+    node.put_conf(
+        "10-old-multus.conflist",
+        &json!({"cniVersion": "1.0.0", "name": "multus-cni-network",
+                "plugins": [{"type": "multus", "kubeconfig": "/x"}]}),
+    );
+    let out = node.run(&[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refusing"), "{stderr}");
+    assert!(!node.conf("00-plexus.conflist").exists());
+}
+
+#[test]
 fn config_update_keeps_the_old_file_and_ends_with_a_write_event() {
     let node = Node::new();
     node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
@@ -664,6 +680,8 @@ fn watch_regenerates_on_changes_and_keeps_the_config_on_exit() {
     // Someone removes our config (another CNI's installer): it is restored.
     fs::remove_file(&conf).expect("rm");
     assert!(wait_until(limit, || conf.exists()), "config restored");
+    fs::remove_file(&kc).expect("rm");
+    assert!(wait_until(limit, || kc.exists()), "kubeconfig restored");
 
     // The primary goes away (the primary CNI restarting): our config stays.
     fs::remove_file(node.conf("10-flannel.conflist")).expect("rm");

@@ -455,8 +455,32 @@ fn gc_removes_attachments_no_longer_valid() {
         &Node::args("db", "stale", &u2),
     )
     .ok();
+    // A pod attached before plexus was installed: bridge directly, same default network.
+    let ns3 = Netns::new();
+    let flannel = flannel_like(&node.bridge.0, 38, &node.path("ipam"));
+    let direct = json!({"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":node.bridge.0,"isGateway":true,
+        "ipam":flannel["plugins"][0]["ipam"].clone()});
+    let bridge = std::path::Path::new(CNI_BIN).join("bridge");
+    let old = |command| Call {
+        command,
+        container_id: "cid-old",
+        netns: "",
+        ifname: "eth0",
+        args: "",
+    };
+    let ns3p = ns3.path();
+    run(
+        &bridge,
+        &Call {
+            netns: &ns3p,
+            ..old("ADD")
+        },
+        &direct,
+        &[],
+    )
+    .ok();
     let mut cfg = node.config();
-    cfg["cni.dev/valid-attachments"] = json!([{"containerID":"cid-keep","ifname":"eth0"}]);
+    cfg["cni.dev/valid-attachments"] = json!([{"containerID":"cid-keep","ifname":"eth0"},{"containerID":"cid-old","ifname":"eth0"}]);
     let r = run(
         &bin("plexus"),
         &Call {
@@ -473,7 +497,11 @@ fn gc_removes_attachments_no_longer_valid() {
     let plans = files_under(&node.path("state/plans"));
     assert_eq!(plans, vec!["cid-keep-eth0.json"]);
     let leases = files_under(&node.path("ipam"));
-    assert_eq!(leases.len(), 2, "keep's two leases only: {leases:?}");
+    assert_eq!(
+        leases.len(),
+        3,
+        "keep's two leases and the pre-plexus pod's: {leases:?}"
+    );
     node.call(
         "DEL",
         "cid-keep",
@@ -481,7 +509,17 @@ fn gc_removes_attachments_no_longer_valid() {
         &Node::args("db", "keep", &u1),
     )
     .ok();
-    assert!(node.leftovers().is_empty());
+    run(
+        &bridge,
+        &Call {
+            netns: &ns3p,
+            ..old("DEL")
+        },
+        &direct,
+        &[],
+    )
+    .ok();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 }
 
 #[test]

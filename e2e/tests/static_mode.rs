@@ -28,7 +28,7 @@ impl Setup {
     fn config(&self, version: &str, extra: Vec<Value>) -> Value {
         let mut delegates = vec![
             flannel_like(&self.bridge.0, 41, Path::new(&self.p("ipam"))),
-            json!({"cniVersion":"1.0.0","name":"data","type":"macvlan","master":self.master.0,"mode":"bridge",
+            json!({"cniVersion":"0.3.1","name":"data","type":"macvlan","master":self.master.0,"mode":"bridge",
                    "ipam":{"type":"static","addresses":[{"address":"10.141.0.10/24","gateway":"10.141.0.1"}],"routes":[{"dst":"10.199.0.0/16","gw":"10.141.0.1"}]}}),
             json!({"cniVersion":"0.4.0","name":"ptpnet","type":"ptp","ipMasq":false,
                    "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.142.0.0/24"}]]}}),
@@ -98,9 +98,16 @@ fn attaches_three_networks_and_removes_them_leaving_nothing() {
             routes.contains("10.199.0.0/16 via 10.141.0.1 dev net1"),
             "{routes}"
         );
-        if version != "0.3.1" {
-            s.call("CHECK", &ns.path(), &cfg).ok();
-        }
+        // CHECK skips the 0.3.1 network (no CHECK before 0.4.0) and checks the others.
+        s.call("CHECK", &ns.path(), &cfg).ok();
+        // A second ADD for the same container changes nothing and is refused.
+        let again = s.call("ADD", &ns.path(), &cfg);
+        assert_eq!(again.err()["code"], 7, "{version}");
+        assert_eq!(
+            ns.links().len(),
+            4,
+            "{version}: the first ADD's interfaces stay"
+        );
         s.call("DEL", &ns.path(), &cfg).ok();
         assert_eq!(ns.links(), vec!["lo"]);
         assert!(s.leftovers().is_empty(), "{version}: {:?}", s.leftovers());
@@ -265,4 +272,36 @@ fn version_status_and_about() {
     assert_eq!(s.call("STATUS", "", &cfg).err()["code"], 50);
     std::fs::write(s.p("ready"), "").unwrap();
     s.call("STATUS", "", &cfg).ok();
+}
+
+#[test]
+fn failing_delegate_del_is_retried_then_given_up() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    s.script("stubborn", r#"cat >/dev/null; case "$CNI_COMMAND" in ADD) echo '{"cniVersion":"1.0.0"}';; DEL) echo '{"code":999,"msg":"backend down"}'; exit 1;; esac"#);
+    let cfg = s.config(
+        "1.0.0",
+        vec![json!({"cniVersion":"1.0.0","name":"stub","type":"stubborn"})],
+    );
+    s.call("ADD", &ns.path(), &cfg).ok();
+    for attempt in 1..super_max() {
+        let e = s.call("DEL", &ns.path(), &cfg).err().clone();
+        assert!(
+            e["msg"].as_str().unwrap().contains("backend down"),
+            "{attempt}: {e}"
+        );
+        assert!(
+            s.leftovers().iter().any(|f| f.starts_with("plans/")),
+            "{attempt}: plan kept for the retry"
+        );
+    }
+    // The other networks were deleted on the first attempt; the last attempt gives up.
+    assert_eq!(ns.links(), vec!["lo"]);
+    s.call("DEL", &ns.path(), &cfg).ok();
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+    s.call("DEL", "", &cfg).ok();
+}
+
+fn super_max() -> u32 {
+    3
 }

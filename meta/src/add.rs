@@ -138,6 +138,22 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
     attach::validate_plugins(&ctx.runtime, &plan, &label)?;
     // Planning has no side effects; from here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
+    // A second ADD for an attachment that exists must change nothing (the spec: error out).
+    if ctx
+        .store
+        .load(&args.container_id, &args.ifname)
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        return Err(CniError::invalid_config(
+            format!(
+                "{label}: container {} already has its networks attached on {}",
+                args.container_id, args.ifname
+            ),
+            "DEL it first; the runtime must not ADD twice without a DEL",
+        ));
+    }
     ctx.store.clear_tombstone(&args.container_id, &args.ifname);
     ctx.store.save(&SavedPlan::new(
         &args.container_id,
@@ -153,8 +169,8 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
             // saved plan stays so that DEL retries the cleanup.
             if f.clean {
                 let _ = ctx.store.remove(&args.container_id, &args.ifname);
-                drop(lock);
                 ctx.store.finish_delete(&args.container_id, &args.ifname);
+                drop(lock);
             }
             let msg = f.error.to_string();
             post_event(
@@ -188,8 +204,8 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
                     .is_ok()
                 {
                     let _ = ctx.store.remove(&args.container_id, &args.ifname);
-                    drop(lock);
                     ctx.store.finish_delete(&args.container_id, &args.ifname);
+                    drop(lock);
                 }
                 return Err(CniError::new(
                     e.cni_code(),

@@ -246,8 +246,23 @@ pub fn check_all(
 ) -> Result<(), CniError> {
     for a in plan {
         let list = a.list()?;
+        // CHECK does not exist before 0.4.0: such networks are skipped, not failed.
+        if rt.negotiate(&list).is_ok_and(|v| !v.has_check()) {
+            tracing::debug!(network = %a.network, "CHECK skipped: network version predates CHECK");
+            continue;
+        }
         let att = attachment(container_id, netns, a)?;
         rt.check(&list, &att).map_err(|e| e.context(ctx(pod, a)))?;
     }
     Ok(())
+}
+
+/// Drop the delegates' cached results of a plan (when DEL gives up on it).
+pub fn forget_results(rt: &Runtime, plan: &[PlannedAttachment], container_id: &str) {
+    let Some(cache) = &rt.cache else { return };
+    for a in plan {
+        if let Ok(list) = a.list() {
+            let _ = cache.remove(&list.name, container_id, &a.ifname);
+        }
+    }
 }

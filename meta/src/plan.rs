@@ -13,6 +13,9 @@ use plexus_conf::validate;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// Plugin types that are meta-plugins themselves: never run as delegates.
+const META_PLUGINS: &[&str] = &["plexus", "multus", "multus-shim"];
+
 /// A network resolved to its config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedNetwork {
@@ -115,7 +118,6 @@ fn honoured(list: &NetConfList, cap: &str) -> bool {
         p.has_capability(cap)
             || (cap == "ips" && matches!(p.ipam_type(), Some("static" | "host-local")))
             || (cap == "mac" && p.plugin_type() == "sriov")
-            || (cap == "deviceID" && matches!(p.plugin_type(), "sriov" | "host-device"))
     })
 }
 
@@ -227,7 +229,9 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
             }
         }
         let mut config = net.list.to_value();
-        inject(&mut config, sel.cni_args.as_ref(), sel.device_id.as_deref());
+        // A pod's deviceID reaches the delegate only as runtimeConfig.deviceID, and only when the
+        // NAD declares the capability: a pod author must not pick any NIC of the node.
+        inject(&mut config, sel.cni_args.as_ref(), None);
         out.push(PlannedAttachment {
             network: net.name.clone(),
             ifname,
@@ -248,6 +252,19 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
             return Err(CniError::invalid_config(
                 format!("{ctx}: interface name {:?} is requested twice", a.ifname),
                 format!("networks {} and {} both use it", prev.network, a.network),
+            ));
+        }
+    }
+    for a in &out {
+        let list = a.list()?;
+        if let Some(p) = list
+            .plugins
+            .iter()
+            .find(|p| META_PLUGINS.contains(&p.plugin_type()))
+        {
+            return Err(CniError::invalid_config(
+                format!("{ctx}, network {}: a meta-plugin cannot be a delegate", a.network),
+                format!("plugin type {:?} would run plexus (or Multus) again with a config the network's author chose", p.plugin_type()),
             ));
         }
     }
@@ -416,14 +433,14 @@ mod tests {
     }
 
     #[test]
-    fn cni_args_and_device_id_are_injected_into_every_plugin() {
+    fn cni_args_are_injected_into_every_plugin_and_device_id_needs_the_capability() {
         let chain = net(
             "db/s",
-            json!({"cniVersion":"1.0.0","name":"s","plugins":[{"type":"sriov","args":{"cni":{"keep":1,"foo":"nad"}}},{"type":"tuning"}]}),
+            json!({"cniVersion":"1.0.0","name":"s","plugins":[{"type":"sriov","deviceID":"0000:81:00.2","args":{"cni":{"keep":1,"foo":"nad"}}},{"type":"tuning"}]}),
         );
         let p = plan(
-            r#"[{"name":"s","cni-args":{"foo":"pod"},"deviceID":"0000:04:00.5"}]"#,
-            vec![chain],
+            r#"[{"name":"s","cni-args":{"foo":"pod"}}]"#,
+            vec![chain.clone()],
         )
         .unwrap();
         let c = &p[1].config;
@@ -432,8 +449,33 @@ mod tests {
             json!({"keep":1,"foo":"pod"})
         );
         assert_eq!(c["plugins"][1]["args"]["cni"], json!({"foo":"pod"}));
-        assert_eq!(c["plugins"][0]["deviceID"], "0000:04:00.5");
-        assert_eq!(c["plugins"][1]["pciBusID"], "0000:04:00.5");
+        // The pod cannot override the NAD's device.
+        let e = plan(r#"[{"name":"s","deviceID":"0000:00:03.0"}]"#, vec![chain]).unwrap_err();
+        assert!(e.msg.contains("deviceID"), "{e}");
+        let opted_in = net(
+            "db/h",
+            json!({"cniVersion":"1.0.0","name":"h","type":"host-device","capabilities":{"deviceID":true}}),
+        );
+        let p = plan(
+            r#"[{"name":"h","deviceID":"0000:04:00.5"}]"#,
+            vec![opted_in],
+        )
+        .unwrap();
+        assert_eq!(p[1].capability_args["deviceID"], "0000:04:00.5");
+        assert!(p[1].config.get("deviceID").is_none() && p[1].config.get("pciBusID").is_none());
+    }
+
+    #[test]
+    fn plexus_cannot_be_its_own_delegate() {
+        let me = net(
+            "db/loop",
+            json!({"cniVersion":"1.0.0","name":"loop","type":"plexus","cniDir":"/tmp/evil"}),
+        );
+        let e = plan("loop", vec![me]).unwrap_err();
+        assert!(
+            e.msg.contains("db/loop") && e.details.contains("plexus"),
+            "{e}"
+        );
     }
 
     #[test]

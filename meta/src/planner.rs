@@ -65,6 +65,17 @@ pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests
             if s.namespace.as_deref().is_none_or(str::is_empty) {
                 s.namespace = Some(config.multus_namespace.clone());
             }
+            if config.namespace_isolation {
+                // The operator's namespace is always allowed for the default network.
+                let mut allowed = config.global_namespace_list();
+                allowed.push(config.multus_namespace.clone());
+                plan::check_isolation(
+                    &pod.id.namespace,
+                    std::slice::from_ref(&s),
+                    &allowed,
+                    &pod.id.key(),
+                )?;
+            }
             r.default_override = Some(s);
         }
     }
@@ -301,6 +312,17 @@ mod tests {
     #[test]
     fn isolation_is_enforced() {
         let c = config(json!({"namespaceIsolation":true}));
+        let e = requests(
+            &c,
+            Some(&pod("db", &[(DEFAULT_NETWORK_ANNOTATION, "other/x")])),
+        )
+        .unwrap_err();
+        assert!(e.msg.contains("other/x"), "{e}");
+        assert!(requests(
+            &c,
+            Some(&pod("db", &[(DEFAULT_NETWORK_ANNOTATION, "calico")]))
+        )
+        .is_ok());
         let e = requests(&c, Some(&pod("db", &[(NETWORKS_ANNOTATION, "other/x")]))).unwrap_err();
         assert!(e.msg.contains("isolation"));
         assert!(requests(

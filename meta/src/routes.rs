@@ -31,8 +31,22 @@ fn err(ifname: &str, what: &str, e: impl std::fmt::Display) -> CniError {
     )
 }
 
+/// The main routing table (`RT_TABLE_MAIN`): policy tables (e.g. the `sbr` plugin's) are left alone.
+const MAIN_TABLE: u32 = 254;
+
+fn table_of(msg: &RouteMessage) -> u32 {
+    msg.attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(msg.header.table))
+}
+
 fn is_default_via(msg: &RouteMessage, index: u32) -> bool {
-    msg.header.destination_prefix_length == 0
+    table_of(msg) == MAIN_TABLE
+        && msg.header.destination_prefix_length == 0
         && msg
             .attributes
             .iter()

@@ -28,6 +28,9 @@ pub struct SavedPlan {
     pub pod: Option<PodIdentity>,
     /// Attachments, in ADD order.
     pub attachments: Vec<PlannedAttachment>,
+    /// Failed DEL attempts so far.
+    #[serde(default)]
+    pub del_failures: u32,
 }
 
 impl SavedPlan {
@@ -46,6 +49,7 @@ impl SavedPlan {
             netns: netns.into(),
             pod,
             attachments,
+            del_failures: 0,
         }
     }
 }
@@ -131,9 +135,10 @@ impl PlanStore {
         })
     }
 
-    /// After a complete DEL: drop the lock file and leave a tombstone, so that the runtime's
-    /// repeated DELs (typically two more, with an empty netns) return at once without
-    /// rebuilding anything. Tombstones older than an hour are swept on each call.
+    /// After a complete DEL, called while still holding the container lock: leave a tombstone,
+    /// so that the runtime's repeated DELs (typically two more, with an empty netns) return at
+    /// once, then unlink the lock file (lockers verify the path still names the file they
+    /// locked). Tombstones older than an hour are swept on each call.
     pub fn finish_delete(&self, container_id: &str, ifname: &str) {
         let t = self
             .dir

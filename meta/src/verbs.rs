@@ -69,6 +69,16 @@ pub fn status(ctx: &mut Ctx) -> Result<(), CniError> {
         ));
     }
     if let Some(list) = default_network(ctx)? {
+        for p in &list.plugins {
+            if let Err(e) = plexus_delegates::find_plugin(p.plugin_type(), &ctx.runtime.search_path)
+            {
+                return Err(CniError::new(
+                    code::NOT_AVAILABLE,
+                    format!("default network {}: {}", list.name, e.msg),
+                    e.details,
+                ));
+            }
+        }
         ctx.runtime.status(&list).map_err(|e| {
             CniError::new(
                 e.code,
@@ -78,6 +88,33 @@ pub fn status(ctx: &mut Ctx) -> Result<(), CniError> {
         })?;
     }
     Ok(())
+}
+
+/// A network to GC: its config, whether it is a default network, its valid attachments.
+type NetworkGc = (NetConfList, bool, Vec<(String, String)>);
+
+/// The valid-attachment list to send a network's GC, or `None` to skip it. Containers the
+/// runtime lists as alive but plexus has no plan for (attached before plexus was installed, or
+/// plan lost) hold the default network on the runtime's `(containerID, ifname)`; their other
+/// attachments are unknown, so secondary networks are not GC'd while such containers exist.
+pub fn gc_valid_list(
+    is_default: bool,
+    mut planned: Vec<(String, String)>,
+    runtime_valid: &[(String, String)],
+    plans: &[(String, String)],
+) -> Option<Vec<(String, String)>> {
+    let unknown: Vec<&(String, String)> = runtime_valid
+        .iter()
+        .filter(|v| !plans.contains(v))
+        .collect();
+    if is_default {
+        planned.extend(unknown.into_iter().cloned());
+        Some(planned)
+    } else if unknown.is_empty() {
+        Some(planned)
+    } else {
+        None
+    }
 }
 
 /// GC: DEL every saved plan the runtime no longer lists as valid, then forward GC to every
@@ -104,48 +141,99 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
         })
         .unwrap_or_default();
     let mut errors = Vec::new();
-    let mut per_network: BTreeMap<String, (NetConfList, Vec<(String, String)>)> = BTreeMap::new();
-    for plan in ctx.store.all() {
+    // Per network: its config, whether it is some pod's default network, and the attachments
+    // known valid on it.
+    let mut per_network: BTreeMap<String, NetworkGc> = BTreeMap::new();
+    let plans = ctx.store.all();
+    for plan in &plans {
         let is_valid = valid
             .iter()
             .any(|(c, i)| *c == plan.container_id && *i == plan.ifname);
         if !is_valid {
-            let lock = ctx.store.lock(&plan.container_id)?;
+            let lock = match ctx.store.lock(&plan.container_id) {
+                Ok(l) => l,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
             let label = format!("container {}", plan.container_id);
-            match attach::del_all(
+            let res = attach::del_all(
                 &ctx.runtime,
                 &plan.attachments,
                 &plan.container_id,
                 "",
                 &label,
-            ) {
-                Ok(()) => {
-                    ctx.store.remove(&plan.container_id, &plan.ifname)?;
-                    drop(lock);
-                    ctx.store.finish_delete(&plan.container_id, &plan.ifname);
-                }
+            )
+            .and_then(|()| ctx.store.remove(&plan.container_id, &plan.ifname));
+            match res {
+                Ok(()) => ctx.store.finish_delete(&plan.container_id, &plan.ifname),
                 Err(e) => errors.push(e),
             }
+            drop(lock);
             continue;
         }
         for a in &plan.attachments {
             if let Ok(list) = a.list() {
                 let entry = per_network
                     .entry(list.name.clone())
-                    .or_insert_with(|| (list, Vec::new()));
-                entry.1.push((plan.container_id.clone(), a.ifname.clone()));
+                    .or_insert_with(|| (list, false, Vec::new()));
+                entry.1 |= a.is_default;
+                entry.2.push((plan.container_id.clone(), a.ifname.clone()));
             }
         }
     }
     if let Ok(Some(list)) = default_network(ctx) {
         per_network
             .entry(list.name.clone())
-            .or_insert_with(|| (list, Vec::new()));
+            .or_insert_with(|| (list, true, Vec::new()))
+            .1 = true;
     }
-    for (_, (list, attachments)) in per_network {
-        if let Err(e) = ctx.runtime.gc(&list, &attachments) {
-            errors.push(e);
+    let valid_plans: Vec<(String, String)> = plans
+        .iter()
+        .map(|p| (p.container_id.clone(), p.ifname.clone()))
+        .collect();
+    for (name, (list, is_default, attachments)) in per_network {
+        match gc_valid_list(is_default, attachments, &valid, &valid_plans) {
+            Some(attachments) => {
+                if let Err(e) = ctx.runtime.gc(&list, &attachments) {
+                    errors.push(e);
+                }
+            }
+            None => {
+                tracing::info!(network = %name, "GC skipped: some valid containers have no plan")
+            }
         }
     }
     combine(errors).map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gc_valid_list;
+
+    fn p(c: &str, i: &str) -> (String, String) {
+        (c.to_string(), i.to_string())
+    }
+
+    #[test]
+    fn gc_never_drops_containers_plexus_does_not_know() {
+        let runtime = vec![p("a", "eth0"), p("old", "eth0")];
+        let plans = vec![p("a", "eth0")];
+        // Default network: plan entries plus the runtime's unknown containers.
+        assert_eq!(
+            gc_valid_list(true, vec![p("a", "eth0")], &runtime, &plans),
+            Some(vec![p("a", "eth0"), p("old", "eth0")])
+        );
+        // Secondary network: skipped while an unknown container may hold it.
+        assert_eq!(
+            gc_valid_list(false, vec![p("a", "net1")], &runtime, &plans),
+            None
+        );
+        // Everything known: the plan entries as they are.
+        assert_eq!(
+            gc_valid_list(false, vec![p("a", "net1")], &runtime[..1], &plans),
+            Some(vec![p("a", "net1")])
+        );
+    }
 }
