@@ -264,6 +264,12 @@ find_primary() {
 load_primary() {
 	jq -e 'type == "object" and ((.type | type) == "string" or (.plugins | type) == "array")' \
 		"$1" >/dev/null 2>&1 || return 1
+	# Delegating to a plexus or Multus config would call plexus again and again (Multus #1108).
+	if jq -e '[.type, ((.plugins // []) | .[] | .type?)] | any(. == "plexus" or . == "multus"
+		or . == "multus-shim")' "$1" >/dev/null 2>&1; then
+		log "refusing $1 as the primary config: it is a plexus or Multus config"
+		return 1
+	fi
 	P_VERSION=$(jq -r '.cniVersion // "" | strings' "$1") || return 1
 	[ -n "$P_VERSION" ] || P_VERSION=$CNI_VERSION
 	if [ -z "$P_VERSION" ]; then
@@ -352,7 +358,8 @@ write_config() {
 	if cmp -s "$staged" "$final"; then
 		dd if="$staged" of="$final" conv=notrunc status=none || die "cannot rewrite $final"
 	fi
-	PUBLISHED_HASH=$(hash_of "$final")
+	# From what we meant to publish: the final file may already be changed by someone else.
+	PUBLISHED_HASH=$(hash_of "$staged")
 	PUBLISHED_PATH=$final
 	rm -f "$staged"
 	# A config of the other extension from an earlier run would shadow or duplicate this one.
@@ -383,6 +390,9 @@ while :; do
 	if [ "$SKIP_KUBECONFIG" = false ]; then
 		if [ "$(creds_hash)" != "$CREDS" ]; then
 			log "service account token or CA changed"
+			write_kubeconfig
+		elif [ ! -f "$KUBECONFIG_PATH" ]; then
+			log "$KUBECONFIG_PATH was removed; restoring it"
 			write_kubeconfig
 		fi
 	fi
