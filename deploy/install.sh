@@ -131,6 +131,11 @@ KUBECONFIG_HOST_PATH=$HOST_CONF_DIR/plexus.d/plexus.kubeconfig
 # Temp files in flight, removed on any exit. Never the published files.
 TMP_FILES=
 SLEEP_PID=
+track() {
+	for t in "$@"; do
+		case " $TMP_FILES " in *" $t "*) ;; *) TMP_FILES="$TMP_FILES $t" ;; esac
+	done
+}
 cleanup() {
 	for t in $TMP_FILES; do rm -f "$t"; done
 	if [ -n "$SLEEP_PID" ]; then kill "$SLEEP_PID" 2>/dev/null || true; fi
@@ -162,7 +167,7 @@ install_binaries() {
 		# Same directory, so mv is a rename(2): atomic, and it works while the old binary is
 		# executing (writing into it would fail with ETXTBSY).
 		tmp=$BIN_DIR/.$b.plexus-tmp.$$
-		TMP_FILES="$TMP_FILES $tmp"
+		track "$tmp"
 		cp "$src" "$tmp" || die "cannot copy $src to $BIN_DIR"
 		chmod 0755 "$tmp" || die "cannot chmod $tmp"
 		mv -f "$tmp" "$dst" || die "cannot rename $tmp to $dst"
@@ -203,7 +208,7 @@ write_kubeconfig() {
 	mkdir -p "$PLEXUS_D"
 	chmod 0700 "$PLEXUS_D"
 	tmp=$PLEXUS_D/.plexus.kubeconfig.tmp.$$
-	TMP_FILES="$TMP_FILES $tmp"
+	track "$tmp"
 	# printf is a builtin: the token never appears in a process' argv.
 	(
 		umask 077
@@ -344,7 +349,7 @@ write_config() {
 	mkdir -p "$PLEXUS_D"
 	staged=$PLEXUS_D/.config.staged.$$
 	tmp=$CONF_DIR/.$name.plexus-tmp.$$ # no .conf/.conflist/.json suffix: libcni ignores it
-	TMP_FILES="$TMP_FILES $staged $tmp"
+	track "$staged" "$tmp"
 	render_config "$list" >"$staged" || die "cannot render the plexus config"
 	if ! { [ -f "$final" ] && cmp -s "$staged" "$final"; }; then
 		cp "$staged" "$tmp" || die "cannot write $tmp"
