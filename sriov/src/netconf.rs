@@ -274,7 +274,12 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         .transpose()?
         .unwrap_or_default();
 
-    let device_id = match has("deviceID") {
+    // The NAD's own deviceID wins; runtimeConfig.deviceID (a pod's or device plugin's choice)
+    // only reaches the plugin when the NAD declares the `deviceID` capability.
+    let rc_device = has("runtimeConfig")
+        .and_then(|rc| rc.get("deviceID"))
+        .filter(|v| !v.is_null());
+    let device_id = match has("deviceID").or(rc_device) {
         Some(v) => {
             let s = get_str(v, "deviceID")?;
             validate_pci_address(&s)?;

@@ -89,6 +89,25 @@ fn device_id_is_required_and_validated() {
 }
 
 #[test]
+fn runtime_config_device_id_is_a_fallback_only() {
+    let rc = br#"{"cniVersion":"1.0.0","name":"n","type":"sriov","capabilities":{"deviceID":true},"runtimeConfig":{"deviceID":"0000:04:00.5"}}"#;
+    assert_eq!(
+        parse(rc, "", Purpose::Attach).unwrap().device_id.as_deref(),
+        Some("0000:04:00.5")
+    );
+    let both = br#"{"cniVersion":"1.0.0","name":"n","type":"sriov","deviceID":"0000:03:02.3","runtimeConfig":{"deviceID":"0000:04:00.5"}}"#;
+    assert_eq!(
+        parse(both, "", Purpose::Attach)
+            .unwrap()
+            .device_id
+            .as_deref(),
+        Some("0000:03:02.3")
+    );
+    let bad = br#"{"cniVersion":"1.0.0","name":"n","type":"sriov","runtimeConfig":{"deviceID":"../../x"}}"#;
+    assert!(parse(bad, "", Purpose::Attach).is_err());
+}
+
+#[test]
 fn valid_values_parse() {
     let c = parse_ok(
         r#","vlan":100,"vlanQoS":3,"vlanProto":"802.1AD","spoofchk":"off","trust":"on",
