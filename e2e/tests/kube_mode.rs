@@ -630,3 +630,62 @@ fn pod_recreated_with_another_uid_is_refused() {
         "no status on the new pod"
     );
 }
+
+#[test]
+fn multus_style_cluster_network_and_default_networks() {
+    let mut node = Node::new(43);
+    // The primary CNI config on disk, as the installer points clusterNetwork at it.
+    let primary = node.path("10-flannel.conflist");
+    let mut flannel = flannel_like(&node.bridge.0, 43, &node.path("ipam"));
+    flannel["name"] = json!("cbr0");
+    std::fs::write(&primary, flannel.to_string()).unwrap();
+    node.macvlan_nad(
+        "kube-system",
+        "monitoring",
+        node.host_local("10.143.9.0/24"),
+    );
+    node.macvlan_nad("db", "mv", node.host_local("10.143.1.0/24"));
+    node.extra = json!({"clusterNetwork": primary, "defaultNetworks": ["monitoring"], "delegates": [], "events": false});
+    let ns = Netns::new();
+    let uid = node.pod("db", "m", json!({NETWORKS: "mv"}));
+    node.api.clear_requests();
+    node.call("ADD", "cid-m", &ns.path(), &Node::args("db", "m", &uid))
+        .ok();
+    let st = node.status("db", "m");
+    let names: Vec<&str> = st
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["cbr0", "kube-system/monitoring", "db/mv"]);
+    assert_eq!(st[1]["interface"], "net1");
+    assert_eq!(st[2]["interface"], "net2");
+    // events: false → GET pod, 2 NADs, PATCH status, and no event.
+    assert_eq!(node.api.requests().len(), 4, "{:#?}", node.api.requests());
+    assert!(node.api.events("db").is_empty());
+    node.call("DEL", "cid-m", &ns.path(), &Node::args("db", "m", &uid))
+        .ok();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    // Pods in systemNamespaces do not get defaultNetworks.
+    let ns2 = Netns::new();
+    node.api.put_namespace("kube-system").unwrap();
+    let uid = node.pod("kube-system", "coredns", json!({}));
+    node.call(
+        "ADD",
+        "cid-dns",
+        &ns2.path(),
+        &Node::args("kube-system", "coredns", &uid),
+    )
+    .ok();
+    let mut links = ns2.links();
+    links.sort();
+    assert_eq!(links, vec!["eth0", "lo"]);
+    node.call(
+        "DEL",
+        "cid-dns",
+        &ns2.path(),
+        &Node::args("kube-system", "coredns", &uid),
+    )
+    .ok();
+}
