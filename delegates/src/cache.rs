@@ -76,7 +76,8 @@ impl ResultCache {
         let p = self.path(&entry.network_name, &entry.container_id, &entry.if_name);
         let bytes = serde_json::to_vec(entry)
             .map_err(|e| CniError::internal("failed to encode cache entry", e.to_string()))?;
-        fsutil::write_atomic(&p, &bytes, 0o600).map_err(|e| {
+        // A lost cache entry only costs DEL its prevResult (plugins cope): no fsync.
+        fsutil::write_atomic_nosync(&p, &bytes, 0o600).map_err(|e| {
             CniError::new(
                 code::IO_FAILURE,
                 "failed to write result cache",

@@ -18,6 +18,17 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
 /// Write `bytes` to `path` atomically: a temporary file in the same directory (created with
 /// `mode`, fsync'ed) renamed over the target. The parent directory is created 0700.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    write_renamed(path, bytes, mode, true)
+}
+
+/// Like [`write_atomic`] without the fsync: readers never see a partial file, but a crash may
+/// lose the write. For state whose loss is tolerated (result caches, tombstones); an fsync
+/// costs about a millisecond per file on the hot path.
+pub fn write_atomic_nosync(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    write_renamed(path, bytes, mode, false)
+}
+
+fn write_renamed(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
@@ -38,7 +49,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
             .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         fs::rename(&tmp, path)
     })();
     if result.is_err() {

@@ -144,7 +144,7 @@ impl PlanStore {
             .dir
             .join("tombstones")
             .join(format!("{container_id}-{ifname}"));
-        if let Err(e) = fsutil::write_atomic(&t, b"", 0o600) {
+        if let Err(e) = fsutil::write_atomic_nosync(&t, b"", 0o600) {
             tracing::warn!(error = %e, "cannot write DEL tombstone");
         }
         let _ =
