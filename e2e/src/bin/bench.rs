@@ -174,7 +174,11 @@ fn static_mode(plexus: &Path, cni_bin: &Path, n: usize) {
 
 fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
     let e = Env::new();
-    let api = TestApiServer::start(TestApiServerOptions { tls, ..TestApiServerOptions::default() }).unwrap();
+    let api = TestApiServer::start(TestApiServerOptions {
+        tls,
+        ..TestApiServerOptions::default()
+    })
+    .unwrap();
     api.add_token("bench", Access::Full);
     api.write_kubeconfig(&e.path("kubeconfig"), "bench")
         .unwrap();
