@@ -149,32 +149,17 @@ impl Drop for Reaped {
 }
 
 mod inotify {
-    //! Minimal inotify reader over the C library's functions (std links it). The e2e crate has no
-    //! `nix`/`libc` dependency; with nix's `inotify` feature this module becomes
-    //! `nix::sys::inotify::Inotify` (requested in /work/notes/deploy-needs.txt).
-    #![allow(unsafe_code)]
+    //! A non-blocking inotify reader over `nix::sys::inotify`, with the raw mask kept so tests
+    //! can compare event kinds.
 
-    use std::ffi::{c_char, c_int, CString};
-    use std::fs::File;
-    use std::io::{ErrorKind, Read};
-    use std::os::fd::{FromRawFd, OwnedFd};
-    use std::os::unix::ffi::OsStrExt;
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
     use std::path::Path;
 
-    pub const IN_MODIFY: u32 = 0x2;
-    pub const IN_ATTRIB: u32 = 0x4;
-    pub const IN_CLOSE_WRITE: u32 = 0x8;
-    pub const IN_MOVED_FROM: u32 = 0x40;
-    pub const IN_MOVED_TO: u32 = 0x80;
-    pub const IN_CREATE: u32 = 0x100;
-    pub const IN_DELETE: u32 = 0x200;
-    const IN_NONBLOCK: c_int = 0o4000;
-    const IN_CLOEXEC: c_int = 0o2000000;
-
-    extern "C" {
-        fn inotify_init1(flags: c_int) -> c_int;
-        fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int;
-    }
+    pub const IN_MODIFY: u32 = AddWatchFlags::IN_MODIFY.bits();
+    pub const IN_MOVED_FROM: u32 = AddWatchFlags::IN_MOVED_FROM.bits();
+    pub const IN_MOVED_TO: u32 = AddWatchFlags::IN_MOVED_TO.bits();
+    pub const IN_CREATE: u32 = AddWatchFlags::IN_CREATE.bits();
+    pub const IN_DELETE: u32 = AddWatchFlags::IN_DELETE.bits();
 
     /// One event: the mask and the file name in the watched directory.
     #[derive(Debug, Clone)]
@@ -185,61 +170,39 @@ mod inotify {
 
     /// A non-blocking inotify instance watching one directory.
     pub struct Watch {
-        file: File,
+        inner: Inotify,
     }
 
     impl Watch {
         pub fn dir(path: &Path) -> std::io::Result<Watch> {
-            let cpath = CString::new(path.as_os_str().as_bytes())?;
-            // SAFETY: plain syscall wrapper; the returned fd is checked and then owned.
-            let fd = unsafe { inotify_init1(IN_NONBLOCK | IN_CLOEXEC) };
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: fd is a fresh descriptor nobody else owns.
-            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-            let mask = IN_MODIFY
-                | IN_ATTRIB
-                | IN_CLOSE_WRITE
-                | IN_MOVED_FROM
-                | IN_MOVED_TO
-                | IN_CREATE
-                | IN_DELETE;
-            // SAFETY: fd is open and cpath is a valid NUL-terminated string for the call.
-            let wd = unsafe { inotify_add_watch(fd, cpath.as_ptr(), mask) };
-            if wd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(Watch {
-                file: File::from(owned),
-            })
+            let inner = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+            let mask = AddWatchFlags::IN_MODIFY
+                | AddWatchFlags::IN_ATTRIB
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_MOVED_FROM
+                | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CREATE
+                | AddWatchFlags::IN_DELETE;
+            inner.add_watch(path, mask)?;
+            Ok(Watch { inner })
         }
 
         /// Every queued event, in order.
         pub fn drain(&mut self) -> Vec<Event> {
             let mut events = Vec::new();
-            let mut buf = vec![0u8; 64 * 1024];
             loop {
-                let n = match self.file.read(&mut buf) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return events,
+                match self.inner.read_events() {
+                    Ok(batch) if !batch.is_empty() => events.extend(batch.into_iter().map(|e| {
+                        Event {
+                            mask: e.mask.bits(),
+                            name: e
+                                .name
+                                .map(|n| n.to_string_lossy().into_owned())
+                                .unwrap_or_default(),
+                        }
+                    })),
+                    Ok(_) | Err(nix::errno::Errno::EAGAIN) => return events,
                     Err(e) => panic!("read inotify: {e}"),
-                };
-                let mut off = 0;
-                while off + 16 <= n {
-                    let word = |i: usize| {
-                        let b = &buf[off + i..off + i + 4];
-                        u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
-                    };
-                    let mask = word(4);
-                    let len = word(12) as usize;
-                    let raw = &buf[off + 16..off + 16 + len];
-                    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-                    events.push(Event {
-                        mask,
-                        name: String::from_utf8_lossy(&raw[..end]).into_owned(),
-                    });
-                    off += 16 + len;
                 }
             }
         }
