@@ -23,19 +23,23 @@ fn add_del_timing_report() {
         run(&["ip", "netns", "exec", &env.host.name, "true"]);
         base.push(t.elapsed());
     }
-    for (label, with_ipam) in [("no IPAM", false), ("static IPAM (sh+jq script)", true)] {
-        let mut conf = bank_conf("1.1.0", &pci);
+    // The real Debian `static` IPAM plugin (what a bank NAD uses for a fixed IP).
+    let real_ipam = [("CNI_PATH", "/usr/lib/cni")];
+    for (label, with_ipam) in [("no IPAM", false), ("Debian static IPAM", true)] {
+        let mut conf = bank_conf("1.0.0", &pci);
         if !with_ipam {
             conf.as_object_mut().unwrap().remove("ipam");
         }
         let (mut adds, mut dels) = (Vec::new(), Vec::new());
         for _ in 0..n {
             let t = Instant::now();
-            let (ok, res) = env.sriov("ADD", "c-time", "net1", &env.pod.path(), &conf);
+            let (ok, res) =
+                env.sriov_env("ADD", "c-time", "net1", &env.pod.path(), &conf, &real_ipam);
             adds.push(t.elapsed());
             assert!(ok, "{res}");
             let t = Instant::now();
-            let (ok, res) = env.sriov("DEL", "c-time", "net1", &env.pod.path(), &conf);
+            let (ok, res) =
+                env.sriov_env("DEL", "c-time", "net1", &env.pod.path(), &conf, &real_ipam);
             dels.push(t.elapsed());
             assert!(ok, "{res}");
         }
