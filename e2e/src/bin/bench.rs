@@ -233,6 +233,76 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
     }
 }
 
+/// Peak RSS of plexus itself, in Kubernetes mode over HTTPS with two extra networks whose
+/// delegates are a no-op shell plugin (so the figure is plexus', not a Go delegate's).
+fn memory(plexus: &Path) {
+    let e = Env::new();
+    let bin = e.path("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let noop = bin.join("noop");
+    std::fs::write(&noop, "#!/bin/sh\ncat >/dev/null\n[ \"$CNI_COMMAND\" = ADD ] && printf '{\"cniVersion\":\"1.0.0\",\"interfaces\":[{\"name\":\"%s\",\"sandbox\":\"%s\"}],\"ips\":[{\"address\":\"10.9.9.9/24\",\"interface\":0}]}' \"$CNI_IFNAME\" \"$CNI_NETNS\"\nexit 0\n").unwrap();
+    std::fs::set_permissions(&noop, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let api = TestApiServer::start(TestApiServerOptions {
+        tls: true,
+        ..TestApiServerOptions::default()
+    })
+    .unwrap();
+    api.add_token("bench", Access::Full);
+    api.write_kubeconfig(&e.path("kubeconfig"), "bench")
+        .unwrap();
+    let nad = json!({"cniVersion":"1.0.0","type":"noop"}).to_string();
+    api.put_nad("db", "a", &nad, &[]).unwrap();
+    api.put_nad("db", "b", &nad, &[]).unwrap();
+    api.put_pod(json!({"metadata":{"name":"mem","namespace":"db","uid":"u-mem","annotations":{"k8s.v1.cni.cncf.io/networks":"a,b"}},
+        "spec":{"containers":[{"name":"c","image":"x"}]}})).unwrap();
+    let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":bin,
+        "kubeconfig":e.path("kubeconfig"),"logLevel":"error","logToStderr":false,
+        "delegates":[{"cniVersion":"1.0.0","name":"noopnet","type":"noop"}]});
+    let netns = format!("/run/netns/{}", e.netns);
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=mem;K8S_POD_UID=u-mem";
+    let mut peaks = Vec::new();
+    for (i, cmd) in ["ADD", "DEL"].iter().enumerate() {
+        let env = [
+            ("CNI_COMMAND", *cmd),
+            ("CNI_CONTAINERID", "mem"),
+            ("CNI_NETNS", netns.as_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+            ("CNI_ARGS", args),
+        ];
+        let mut cmd_line = Command::new(std::env::current_exe().unwrap());
+        cmd_line.arg("--peak-rss-of").arg(plexus);
+        for (k, v) in env {
+            cmd_line.env(k, v);
+        }
+        let mut child = cmd_line
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "plexus {} failed", ["ADD", "DEL"][i]);
+        peaks.push(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    println!("memory: plexus peak RSS, kubernetes mode over https, 2 extra networks: ADD {} KiB, DEL {} KiB", peaks[0], peaks[1]);
+}
+
+/// `--peak-rss-of BIN`: run BIN with this process' stdin/env, print its peak RSS (KiB) on stderr.
+fn peak_rss_of(bin: &str) -> ! {
+    let status = Command::new(bin).status().expect("run");
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage");
+    eprintln!("{}", usage.max_rss());
+    std::process::exit(if status.success() { 0 } else { 1 });
+}
+
 fn main() {
     let mut n = 20usize;
     let mut plexus = None;
@@ -244,6 +314,7 @@ fn main() {
             "--iterations" => n = it.next().and_then(|v| v.parse().ok()).unwrap_or(n),
             "--plexus" => plexus = it.next().map(PathBuf::from),
             "--cni-bin" => cni_bin = it.next().map(PathBuf::from).unwrap_or(cni_bin),
+            "--peak-rss-of" => peak_rss_of(it.next().map(String::as_str).unwrap_or("plexus")),
             _ => {
                 eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]");
                 std::process::exit(2);
@@ -260,4 +331,5 @@ fn main() {
     static_mode(&plexus, &cni_bin, n);
     kube_mode(&plexus, &cni_bin, n, false);
     kube_mode(&plexus, &cni_bin, n, true);
+    memory(&plexus);
 }
