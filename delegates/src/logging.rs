@@ -20,6 +20,38 @@ pub struct LogOptions {
     pub file: Option<PathBuf>,
     /// Also log to stderr.
     pub to_stderr: bool,
+    /// Rotate the file when it is larger than this many MB (Multus `logOptions.maxSize`);
+    /// 0 disables rotation.
+    pub max_size_mb: u64,
+    /// Rotated files to keep (`logOptions.maxBackups`).
+    pub max_backups: u32,
+}
+
+/// Size-based rotation at open time: `log` → `log.1` → … → `log.<max_backups>` (the oldest is
+/// dropped). Concurrent plugin processes may race here; the loser just appends to the new file.
+pub fn rotate_if_needed(path: &std::path::Path, max_size_mb: u64, max_backups: u32) {
+    if max_size_mb == 0 {
+        return;
+    }
+    let big =
+        std::fs::metadata(path).is_ok_and(|m| m.len() > max_size_mb.saturating_mul(1024 * 1024));
+    if !big {
+        return;
+    }
+    let numbered = |i: u32| {
+        let mut s = path.as_os_str().to_owned();
+        s.push(format!(".{i}"));
+        PathBuf::from(s)
+    };
+    if max_backups == 0 {
+        let _ = std::fs::remove_file(path);
+        return;
+    }
+    let _ = std::fs::remove_file(numbered(max_backups));
+    for i in (1..max_backups).rev() {
+        let _ = std::fs::rename(numbered(i), numbered(i + 1));
+    }
+    let _ = std::fs::rename(path, numbered(1));
 }
 
 /// Map a level name (Multus' or tracing's) to a filter.
@@ -46,6 +78,7 @@ pub fn init(opts: &LogOptions) {
         warn_msgs.push(format!("unknown log level {:?}, using warn", opts.level));
     }
     let file_layer = opts.file.as_ref().and_then(|p| {
+        rotate_if_needed(p, opts.max_size_mb, opts.max_backups);
         match OpenOptions::new()
             .create(true)
             .append(true)
@@ -87,6 +120,29 @@ pub fn init(opts: &LogOptions) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rotation_keeps_max_backups() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("plexus.log");
+        for round in 0..4 {
+            std::fs::write(&log, vec![b'x'; 2 * 1024 * 1024 + round]).unwrap();
+            rotate_if_needed(&log, 1, 2);
+            assert!(!log.exists(), "round {round}");
+        }
+        assert!(t.path().join("plexus.log.1").exists() && t.path().join("plexus.log.2").exists());
+        assert!(!t.path().join("plexus.log.3").exists());
+        // The newest rotation is .1.
+        assert_eq!(
+            std::fs::metadata(t.path().join("plexus.log.1"))
+                .unwrap()
+                .len(),
+            2 * 1024 * 1024 + 3
+        );
+        std::fs::write(&log, b"small").unwrap();
+        rotate_if_needed(&log, 1, 2);
+        assert!(log.exists());
+    }
 
     #[test]
     fn levels() {

@@ -22,6 +22,18 @@ impl Plexus {
             level: ctx.config.log_level.clone(),
             file: (!ctx.config.log_file.is_empty()).then(|| PathBuf::from(&ctx.config.log_file)),
             to_stderr: ctx.config.log_to_stderr,
+            max_size_mb: ctx
+                .config
+                .log_options
+                .as_ref()
+                .and_then(|o| o.max_size)
+                .map_or(100, u64::from),
+            max_backups: ctx
+                .config
+                .log_options
+                .as_ref()
+                .and_then(|o| o.max_backups)
+                .unwrap_or(5),
         });
         tracing::debug!(command = args.command.as_str(), container = %args.container_id, ifname = %args.ifname, "plexus called");
         Ok(ctx)

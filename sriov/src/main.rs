@@ -17,6 +17,8 @@ fn log_options(stdin: &[u8]) -> LogOptions {
         },
         to_stderr: file.is_empty(),
         file: (!file.is_empty()).then(|| file.into()),
+        // Like sriov-cni: no rotation unless configured elsewhere (logrotate).
+        ..LogOptions::default()
     }
 }
 
@@ -28,6 +30,7 @@ fn main() {
             level: "warn".into(),
             file: None,
             to_stderr: true,
+            ..LogOptions::default()
         });
         match list_main(&argv[1..], &settings) {
             Ok(out) => print!("{out}"),
