@@ -107,6 +107,12 @@ pub struct PlexusConfig {
     /// Plexus: total time budget for reading the pod at ADD, milliseconds.
     #[serde(default = "default_pod_timeout")]
     pub pod_timeout_ms: u64,
+    /// Plexus: the kubelet pod-resources socket asked for device-plugin allocations.
+    #[serde(default = "default_pod_resources_socket")]
+    pub pod_resources_socket: String,
+    /// Plexus: the kubelet device-manager checkpoint, the fallback for allocations.
+    #[serde(default = "default_device_checkpoint")]
+    pub device_checkpoint_file: String,
     /// Runtime-provided previous result (plexus as a chained plugin; unused).
     #[serde(default)]
     pub prev_result: Option<Value>,
@@ -135,6 +141,12 @@ fn default_delegate_timeout() -> u64 {
 }
 fn default_readiness_timeout() -> u64 {
     45
+}
+fn default_pod_resources_socket() -> String {
+    "/var/lib/kubelet/pod-resources/kubelet.sock".into()
+}
+fn default_device_checkpoint() -> String {
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint".into()
 }
 fn default_pod_timeout() -> u64 {
     2500

@@ -1,5 +1,6 @@
 //! Kubernetes-side data: network selection annotations, NAD configs, network-status.
 
+pub mod checkpoint;
 pub mod nad;
 pub mod network_status;
 pub mod selection;
