@@ -2,6 +2,7 @@
 //! client (and the `plexus` binary) talk to over HTTP, with fault injection and a request log.
 
 pub mod apiserver;
+pub mod fake_kubelet;
 
 pub use apiserver::{
     Access, ApiServerError, RequestMatcher, RequestRecord, TestApiServer, TestApiServerOptions,

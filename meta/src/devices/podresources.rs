@@ -1,0 +1,328 @@
+//! Kubelet pod-resources gRPC API (v1) client: the device IDs (SR-IOV VF PCI addresses) the
+//! kubelet's device manager allocated to one pod, per resource name, as Multus reads them.
+//!
+//! `Get` (beta and on by default since Kubernetes 1.34) is tried first; when the kubelet does
+//! not offer it (`Unimplemented` before 1.27, `Unknown` "Get method disabled" with the gate off)
+//! or reports the pod unknown, `List` decides, matching on namespace and name as Multus does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+use tonic_prost::ProstCodec;
+
+use self::proto::{
+    GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
+};
+
+/// The kubelet's pod-resources socket.
+pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// Largest response accepted (the kubelet's own client and Multus use 16 MiB).
+pub const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+
+/// Protobuf messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` (the subset plexus
+/// reads; unknown fields such as `cpu_ids`, `memory` and `dynamic_resources` are skipped on
+/// decode), and the gRPC method paths.
+pub mod proto {
+    /// gRPC path of `PodResourcesLister.List`.
+    pub const LIST_PATH: &str = "/v1.PodResourcesLister/List";
+    /// gRPC path of `PodResourcesLister.Get`.
+    pub const GET_PATH: &str = "/v1.PodResourcesLister/Get";
+    /// gRPC service name, as a server registers it.
+    pub const SERVICE_NAME: &str = "v1.PodResourcesLister";
+
+    /// `ListPodResourcesRequest{}`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListPodResourcesRequest {}
+
+    /// `ListPodResourcesResponse{ repeated PodResources pod_resources = 1 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListPodResourcesResponse {
+        /// Every pod on the node.
+        #[prost(message, repeated, tag = "1")]
+        pub pod_resources: Vec<PodResources>,
+    }
+
+    /// `GetPodResourcesRequest{ string pod_name = 1; string pod_namespace = 2 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetPodResourcesRequest {
+        /// Pod name.
+        #[prost(string, tag = "1")]
+        pub pod_name: String,
+        /// Pod namespace.
+        #[prost(string, tag = "2")]
+        pub pod_namespace: String,
+    }
+
+    /// `GetPodResourcesResponse{ PodResources pod_resources = 1 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GetPodResourcesResponse {
+        /// The pod asked for.
+        #[prost(message, optional, tag = "1")]
+        pub pod_resources: Option<PodResources>,
+    }
+
+    /// `PodResources{ string name = 1; string namespace = 2; repeated ContainerResources containers = 3 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodResources {
+        /// Pod name.
+        #[prost(string, tag = "1")]
+        pub name: String,
+        /// Pod namespace.
+        #[prost(string, tag = "2")]
+        pub namespace: String,
+        /// Its containers.
+        #[prost(message, repeated, tag = "3")]
+        pub containers: Vec<ContainerResources>,
+    }
+
+    /// `ContainerResources{ string name = 1; repeated ContainerDevices devices = 2; repeated int64 cpu_ids = 3; ... }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerResources {
+        /// Container name.
+        #[prost(string, tag = "1")]
+        pub name: String,
+        /// Device-plugin devices allocated to it.
+        #[prost(message, repeated, tag = "2")]
+        pub devices: Vec<ContainerDevices>,
+        /// Exclusive CPUs (CPU manager static policy).
+        #[prost(int64, repeated, tag = "3")]
+        pub cpu_ids: Vec<i64>,
+    }
+
+    /// `ContainerDevices{ string resource_name = 1; repeated string device_ids = 2; TopologyInfo topology = 3 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ContainerDevices {
+        /// Extended resource name, e.g. `intel.com/sriov_netdevice`.
+        #[prost(string, tag = "1")]
+        pub resource_name: String,
+        /// Device IDs; for SR-IOV the VF PCI addresses, e.g. `0000:04:00.5`.
+        #[prost(string, repeated, tag = "2")]
+        pub device_ids: Vec<String>,
+        /// NUMA placement.
+        #[prost(message, optional, tag = "3")]
+        pub topology: Option<TopologyInfo>,
+    }
+
+    /// `TopologyInfo{ repeated NUMANode nodes = 1 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TopologyInfo {
+        /// NUMA nodes.
+        #[prost(message, repeated, tag = "1")]
+        pub nodes: Vec<NumaNode>,
+    }
+
+    /// `NUMANode{ int64 ID = 1 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct NumaNode {
+        /// NUMA node ID.
+        #[prost(int64, tag = "1")]
+        pub id: i64,
+    }
+}
+
+/// Why the pod-resources API gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    /// The socket file does not exist (no kubelet API here; use the checkpoint file).
+    #[error("kubelet pod-resources socket {0} does not exist")]
+    NoSocket(PathBuf),
+    /// The socket exists but nothing accepted the connection or the HTTP/2 handshake.
+    #[error("cannot connect to kubelet pod-resources socket {}: {message}", socket.display())]
+    Connect {
+        /// Socket path.
+        socket: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// The kubelet answered a call with an error status.
+    #[error("kubelet pod-resources {method} failed: {code:?}: {message}")]
+    Rpc {
+        /// gRPC method path.
+        method: &'static str,
+        /// gRPC status code.
+        code: Code,
+        /// Status message.
+        message: String,
+    },
+    /// No complete answer within the bound.
+    #[error("kubelet pod-resources API did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl PodResourcesError {
+    /// True when the API could not be reached at all (no socket, refused, hung, or a transport
+    /// status), so another source (the checkpoint file) may be tried; false when the kubelet
+    /// answered with an application error.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::NoSocket(_) | Self::Connect { .. } | Self::Timeout(_) => true,
+            Self::Rpc { code, .. } => matches!(
+                code,
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+            ),
+        }
+    }
+}
+
+/// Device IDs per resource name allocated to pod `ns`/`name` (all containers merged; each list
+/// sorted and deduplicated). A pod the kubelet does not know, or without devices, gives an empty
+/// map. The whole exchange (connect, `Get`, maybe `List`) is bounded by `timeout`.
+pub async fn pod_devices(
+    socket: &Path,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<BTreeMap<String, Vec<String>>, PodResourcesError> {
+    if !socket.exists() {
+        return Err(PodResourcesError::NoSocket(socket.to_path_buf()));
+    }
+    match tokio::time::timeout(timeout, query(socket, ns, name)).await {
+        Ok(result) => result,
+        Err(_) => Err(PodResourcesError::Timeout(timeout)),
+    }
+}
+
+/// Merge the device IDs of the pod `ns`/`name` found in `pods` (every matching entry, every
+/// container): resource name → sorted, deduplicated IDs. Resources with no IDs are left out.
+pub fn merge_devices(pods: &[PodResources], ns: &str, name: &str) -> BTreeMap<String, Vec<String>> {
+    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| p.namespace == ns && p.name == name) {
+        for dev in pod.containers.iter().flat_map(|c| c.devices.iter()) {
+            if dev.device_ids.is_empty() {
+                continue;
+            }
+            map.entry(dev.resource_name.clone())
+                .or_default()
+                .extend(dev.device_ids.iter().cloned());
+        }
+    }
+    for ids in map.values_mut() {
+        ids.sort();
+        ids.dedup();
+    }
+    map
+}
+
+type Client = tonic::client::Grpc<Channel>;
+
+async fn query(
+    socket: &Path,
+    ns: &str,
+    name: &str,
+) -> Result<BTreeMap<String, Vec<String>>, PodResourcesError> {
+    let mut client = connect(socket).await?;
+    let get = GetPodResourcesRequest {
+        pod_name: name.to_string(),
+        pod_namespace: ns.to_string(),
+    };
+    match call::<_, GetPodResourcesResponse>(&mut client, socket, proto::GET_PATH, get).await {
+        Ok(resp) => {
+            let pods: Vec<PodResources> = resp.pod_resources.into_iter().collect();
+            return Ok(merge_devices(&pods, ns, name));
+        }
+        Err(status) if get_unusable(&status) => {
+            tracing::debug!(
+                code = ?status.code(),
+                message = status.message(),
+                "pod-resources Get unusable, falling back to List"
+            );
+        }
+        Err(status) => return Err(rpc_error(proto::GET_PATH, status)),
+    }
+    let list: ListPodResourcesResponse = call(
+        &mut client,
+        socket,
+        proto::LIST_PATH,
+        ListPodResourcesRequest {},
+    )
+    .await
+    .map_err(|status| rpc_error(proto::LIST_PATH, status))?;
+    Ok(merge_devices(&list.pod_resources, ns, name))
+}
+
+/// `Get` errors after which `List` is asked: not implemented (kubelet < 1.27), or a plain kubelet
+/// error (`Unknown`: "PodResources API Get method disabled", "pod … not found"), or `NotFound`.
+fn get_unusable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unimplemented | Code::Unknown | Code::NotFound
+    )
+}
+
+fn rpc_error(method: &'static str, status: Status) -> PodResourcesError {
+    PodResourcesError::Rpc {
+        method,
+        code: status.code(),
+        message: status.message().to_string(),
+    }
+}
+
+async fn connect(socket: &Path) -> Result<Client, PodResourcesError> {
+    let connect_error = |message: String| PodResourcesError::Connect {
+        socket: socket.to_path_buf(),
+        message,
+    };
+    // The authority is never used: every connection goes to the Unix socket.
+    let endpoint = Endpoint::from_static("http://localhost");
+    let path = socket.to_path_buf();
+    let channel = endpoint
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .map_err(|e| connect_error(error_chain(&e)))?;
+    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE);
+    client
+        .ready()
+        .await
+        .map_err(|e| connect_error(error_chain(&e)))?;
+    Ok(client)
+}
+
+async fn call<Req, Resp>(
+    client: &mut Client,
+    socket: &Path,
+    path: &'static str,
+    msg: Req,
+) -> Result<Resp, Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    client
+        .ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("{}: {}", socket.display(), error_chain(&e))))?;
+    let resp = client
+        .unary(
+            tonic::Request::new(msg),
+            PathAndQuery::from_static(path),
+            ProstCodec::<Req, Resp>::default(),
+        )
+        .await?;
+    Ok(resp.into_inner())
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "podresources_tests.rs"]
+mod tests;
