@@ -18,6 +18,7 @@ const PF_PCI: &str = "0000:af:00.1";
 const VF0: &str = "0000:af:06.0";
 
 struct Rig {
+    extra: Value,
     host: Netns,
     bridge: HostLink,
     api: TestApiServer,
@@ -75,6 +76,7 @@ impl Rig {
             api,
             dir,
             bridge: HostLink::bridge_name(),
+            extra: json!({}),
         }
     }
     fn p(&self, s: &str) -> PathBuf {
@@ -105,6 +107,10 @@ impl Rig {
             "cniDir":self.p("state"),"binDir":self.p("bin"),"logFile":self.p("plexus.log"),"logLevel":"debug","logToStderr":false,
             "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":self.bridge.0,"isGateway":true,
                 "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.244.77.0/24"}]]}}]});
+        let mut conf = conf;
+        for (k, v) in self.extra.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
         let args = format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE=bank;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
         );
@@ -240,4 +246,92 @@ fn two_pods_asking_for_the_same_vf() {
     );
     rig.plexus("DEL", "pg-a", &a.path()).ok();
     assert_eq!(rig.host_vf()["ifname"], "vf0");
+}
+
+/// The NAD of sriov-cni's README, unchanged: no deviceID; the VF comes from the device plugin
+/// (`k8s.v1.cni.cncf.io/resourceName`), looked up in the kubelet's device-manager checkpoint.
+#[test]
+fn sriov_cni_readme_nad_with_device_plugin_resource() {
+    let mut rig = Rig::new();
+    let readme_config = r#"{
+  "type": "sriov",
+  "cniVersion": "0.3.1",
+  "name": "sriov-network",
+  "ipam": {
+    "type": "host-local",
+    "subnet": "10.56.217.0/24",
+    "routes": [{ "dst": "0.0.0.0/0" }],
+    "gateway": "10.56.217.1"
+  }
+}"#;
+    let ipam_dir = std::path::Path::new("/var/lib/cni/networks/sriov-network");
+    let ipam_dir_existed = ipam_dir.exists();
+    rig.api
+        .put_nad(
+            "bank",
+            "sriov-net1",
+            readme_config,
+            &[(
+                "k8s.v1.cni.cncf.io/resourceName",
+                "intel.com/intel_sriov_netdevice",
+            )],
+        )
+        .unwrap();
+    rig.api
+        .put_pod(json!({"metadata":{"name":"dp","namespace":"bank","uid":"uid-dp",
+            "annotations":{"k8s.v1.cni.cncf.io/networks":"sriov-net1"}},"spec":{"containers":[{"name":"db","image":"pg"}]}}))
+        .unwrap();
+    let checkpoint = json!({"Data":{"PodDeviceEntries":[
+        {"PodUID":"uid-dp","ContainerName":"db","ResourceName":"intel.com/intel_sriov_netdevice","DeviceIDs":{"0":[VF0]},"AllocResp":""},
+        {"PodUID":"someone-else","ContainerName":"x","ResourceName":"intel.com/intel_sriov_netdevice","DeviceIDs":{"0":["0000:af:06.7"]},"AllocResp":""}],
+        "RegisteredDevices":{"intel.com/intel_sriov_netdevice":[VF0,"0000:af:06.7"]}},"Checksum":0});
+    std::fs::write(rig.p("checkpoint"), checkpoint.to_string()).unwrap();
+    rig.extra = json!({"deviceCheckpointFile": rig.p("checkpoint"), "podResourcesSocket": rig.p("no-kubelet.sock")});
+    let pod = Netns::new();
+    rig.plexus("ADD", "dp", &pod.path()).ok();
+    assert_eq!(pod.addrs("net1"), vec!["10.56.217.2/24"]);
+    assert!(rig.host_vf().is_null(), "VF {VF0} moved into the pod");
+    rig.plexus("CHECK", "dp", &pod.path()).ok();
+    rig.plexus("DEL", "dp", &pod.path()).ok();
+    assert_eq!(rig.host_vf()["ifname"], "vf0");
+    assert_eq!(pod.links(), vec!["lo"]);
+    if !ipam_dir_existed {
+        let _ = std::fs::remove_dir_all(ipam_dir);
+    }
+}
+
+#[test]
+fn device_plugin_network_without_an_allocation_is_a_clear_error() {
+    let mut rig = Rig::new();
+    rig.api
+        .put_nad(
+            "bank",
+            "sriov-dp",
+            &json!({"cniVersion":"1.0.0","type":"sriov","name":"sriov-dp"}).to_string(),
+            &[(
+                "k8s.v1.cni.cncf.io/resourceName",
+                "intel.com/intel_sriov_netdevice",
+            )],
+        )
+        .unwrap();
+    rig.api
+        .put_pod(json!({"metadata":{"name":"nodev","namespace":"bank","uid":"uid-nodev",
+            "annotations":{"k8s.v1.cni.cncf.io/networks":"sriov-dp"}},"spec":{"containers":[{"name":"db","image":"pg"}]}}))
+        .unwrap();
+    std::fs::write(
+        rig.p("checkpoint"),
+        r#"{"Data":{"PodDeviceEntries":[]},"Checksum":0}"#,
+    )
+    .unwrap();
+    rig.extra = json!({"deviceCheckpointFile": rig.p("checkpoint"), "podResourcesSocket": rig.p("no-kubelet.sock")});
+    let pod = Netns::new();
+    let e = rig.plexus("ADD", "nodev", &pod.path()).err().clone();
+    let text = e.to_string();
+    assert!(
+        text.contains("pod bank/nodev")
+            && text.contains("bank/sriov-dp")
+            && text.contains("intel.com/intel_sriov_netdevice"),
+        "{e}"
+    );
+    assert_eq!(pod.links(), vec!["lo"]);
 }

@@ -71,6 +71,7 @@ pub fn fetch_nads(
                     rf.clone(),
                     nad.map(|n| NadData {
                         config: n.config().unwrap_or_default().to_string(),
+                        resource_name: n.resource_name().map(str::to_string),
                     }),
                 );
             }
@@ -127,6 +128,12 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
         pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
     );
     let nads = fetch_nads(ctx, client.as_ref(), &refs, &label)?;
+    // Device-plugin networks: ask the kubelet what it allocated, only when a NAD needs it.
+    let needs_devices = nads.values().flatten().any(|n| n.resource_name.is_some());
+    let devices = match (needs_devices, pod.as_ref()) {
+        (true, Some(p)) => Some(crate::devices::lookup(ctx, p)?),
+        _ => None,
+    };
     let plan = planner::make_plan(
         &ctx.config,
         &args.ifname,
@@ -134,6 +141,7 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
         pod.as_ref(),
         &requests,
         &nads,
+        devices.as_ref(),
     )?;
     attach::validate_plugins(&ctx.runtime, &plan, &label)?;
     // Planning has no side effects; from here on state is written, under the container lock.

@@ -116,6 +116,7 @@ fn rebuild(
         pod.as_ref(),
         &requests,
         &nads,
+        None,
     ) {
         Ok(p) => Ok(p),
         Err(e) => {
@@ -124,7 +125,15 @@ fn rebuild(
                 cluster: requests.cluster.clone(),
                 ..Default::default()
             };
-            planner::make_plan(&ctx.config, &args.ifname, cni_args, None, &fallback, &nads)
+            planner::make_plan(
+                &ctx.config,
+                &args.ifname,
+                cni_args,
+                None,
+                &fallback,
+                &nads,
+                None,
+            )
         }
     }
 }

@@ -82,14 +82,26 @@ pub fn explain(
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        map.insert((nns, meta_str(n, "name")), Some(NadData { config }));
+        let resource_name = n
+            .get("metadata")
+            .and_then(|m| m.get("annotations"))
+            .and_then(|a| a.get(plexus_conf::k8s::selection::RESOURCE_NAME_ANNOTATION))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        map.insert(
+            (nns, meta_str(n, "name")),
+            Some(NadData {
+                config,
+                resource_name,
+            }),
+        );
     }
     let requests = planner::requests(&cfg, Some(&info))?;
     let args = CniArgs::parse(&format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
         info.id.namespace, info.id.name
     ))?;
-    let plan = planner::make_plan(&cfg, ifname, &args, Some(&info), &requests, &map)?;
+    let plan = planner::make_plan(&cfg, ifname, &args, Some(&info), &requests, &map, None)?;
     let rt_path: Vec<String> = vec![cfg.bin_dir.clone()];
     Ok(json!({
         "pod": info.id.key(),

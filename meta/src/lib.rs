@@ -6,6 +6,7 @@ pub mod add;
 pub mod attach;
 pub mod context;
 pub mod del;
+pub mod devices;
 pub mod explain;
 pub mod k8s;
 pub mod plan;

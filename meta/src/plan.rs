@@ -23,6 +23,9 @@ pub struct ResolvedNetwork {
     pub name: String,
     /// The network's config.
     pub list: NetConfList,
+    /// Device-plugin resource whose allocated device the network uses (NAD annotation
+    /// `k8s.v1.cni.cncf.io/resourceName`).
+    pub resource_name: Option<String>,
 }
 
 /// One attachment to run.
@@ -77,6 +80,39 @@ pub struct PlanInput<'a> {
     pub always: Vec<ResolvedNetwork>,
     /// Networks selected by the pod annotation, with their selection.
     pub selected: Vec<(NetworkSelection, ResolvedNetwork)>,
+    /// Devices the kubelet allocated to the pod, per resource name; `None` when not looked up
+    /// (`plexus explain`), in which case device-plugin networks keep no deviceID.
+    pub devices: Option<&'a DeviceMap>,
+}
+
+/// Device IDs per resource name, each list sorted.
+pub type DeviceMap = std::collections::BTreeMap<String, Vec<String>>;
+
+/// Hands out a pod's allocated devices: each network with a resource name takes the next
+/// device of that resource (sorted order, as Multus and OVN-Kubernetes do).
+struct DeviceAllocator<'a> {
+    devices: Option<&'a DeviceMap>,
+    next: std::collections::HashMap<String, usize>,
+}
+
+impl DeviceAllocator<'_> {
+    fn take(&mut self, net: &ResolvedNetwork, ctx: &str) -> Result<Option<String>, CniError> {
+        let (Some(res), Some(devices)) = (net.resource_name.as_deref(), self.devices) else {
+            return Ok(None);
+        };
+        let idx = self.next.entry(res.to_string()).or_insert(0);
+        let id = devices.get(res).and_then(|ids| ids.get(*idx)).cloned().ok_or_else(|| {
+            CniError::invalid_config(
+                format!("{ctx}, network {}: no device of resource {res:?} is left for it", net.name),
+                format!(
+                    "the kubelet allocated {} device(s) of {res} to the pod; request one more in a container's resources",
+                    devices.get(res).map_or(0, Vec::len)
+                ),
+            )
+        })?;
+        *idx += 1;
+        Ok(Some(id))
+    }
 }
 
 fn pod_ctx(pod: Option<&PodInfo>) -> String {
@@ -196,14 +232,24 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
         filter_v4: false,
         filter_v6: false,
     });
+    let mut allocator = DeviceAllocator {
+        devices: input.devices,
+        next: Default::default(),
+    };
     for net in &input.always {
         let idx = out.len();
+        let mut config = net.list.to_value();
+        let mut capability_args = Map::new();
+        if let Some(id) = allocator.take(net, &ctx)? {
+            inject(&mut config, None, Some(&id));
+            capability_args.insert("deviceID".into(), Value::from(id));
+        }
         out.push(PlannedAttachment {
             network: net.name.clone(),
             ifname: format!("net{idx}"),
             is_default: false,
-            config: net.list.to_value(),
-            capability_args: Map::new(),
+            config,
+            capability_args,
             cni_args: delegate_args(input.cni_args, None),
             default_route: Vec::new(),
             filter_v4: false,
@@ -216,7 +262,13 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
             .requested_interface()
             .map(str::to_string)
             .unwrap_or_else(|| format!("net{idx}"));
-        let caps = requested_caps(sel);
+        let mut caps = requested_caps(sel);
+        // A device the kubelet allocated for the NAD's resource is authoritative: it goes into
+        // the config (deviceID, pciBusID) and replaces any deviceID the pod asked for.
+        let allocated = allocator.take(net, &ctx)?;
+        if allocated.is_some() {
+            caps.remove("deviceID");
+        }
         for cap in caps.keys() {
             if !honoured(&net.list, cap) {
                 return Err(CniError::invalid_config(
@@ -231,7 +283,10 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
         let mut config = net.list.to_value();
         // A pod's deviceID reaches the delegate only as runtimeConfig.deviceID, and only when the
         // NAD declares the capability: a pod author must not pick any NIC of the node.
-        inject(&mut config, sel.cni_args.as_ref(), None);
+        inject(&mut config, sel.cni_args.as_ref(), allocated.as_deref());
+        if let Some(id) = allocated {
+            caps.insert("deviceID".into(), Value::from(id));
+        }
         out.push(PlannedAttachment {
             network: net.name.clone(),
             ifname,
@@ -329,6 +384,7 @@ mod tests {
         ResolvedNetwork {
             name: name.into(),
             list: NetConfList::from_value(v).unwrap(),
+            resource_name: None,
         }
     }
 
@@ -373,6 +429,7 @@ mod tests {
             default: (flannel(), None),
             always: vec![],
             selected: sels.into_iter().zip(nets).collect(),
+            devices: None,
         })
     }
 
@@ -463,6 +520,60 @@ mod tests {
         .unwrap();
         assert_eq!(p[1].capability_args["deviceID"], "0000:04:00.5");
         assert!(p[1].config.get("deviceID").is_none() && p[1].config.get("pciBusID").is_none());
+    }
+
+    #[test]
+    fn device_plugin_networks_take_allocated_devices_in_order() {
+        let mut a = net(
+            "db/a",
+            json!({"cniVersion":"1.0.0","name":"a","type":"sriov"}),
+        );
+        a.resource_name = Some("intel.com/vf".into());
+        let mut b = a.clone();
+        b.name = "db/b".into();
+        let sels = parse_selections(
+            r#"[{"name":"a"},{"name":"b","deviceID":"0000:00:03.0"}]"#,
+            NETWORKS_ANNOTATION,
+        )
+        .unwrap();
+        let args = CniArgs::default();
+        let rc = Map::new();
+        let devices: DeviceMap = [(
+            "intel.com/vf".to_string(),
+            vec!["0000:af:06.1".to_string(), "0000:af:06.2".to_string()],
+        )]
+        .into();
+        let build_with =
+            |devs: Option<&DeviceMap>, sels: Vec<NetworkSelection>, nets: Vec<ResolvedNetwork>| {
+                build(PlanInput {
+                    ifname: "eth0",
+                    cni_args: &args,
+                    runtime_config: &rc,
+                    pod: None,
+                    default: (flannel(), None),
+                    always: vec![],
+                    selected: sels.into_iter().zip(nets).collect(),
+                    devices: devs,
+                })
+            };
+        let p = build_with(Some(&devices), sels.clone(), vec![a.clone(), b.clone()]).unwrap();
+        assert_eq!(p[1].config["deviceID"], "0000:af:06.1");
+        assert_eq!(p[1].config["pciBusID"], "0000:af:06.1");
+        // The allocation wins over a pod's own deviceID.
+        assert_eq!(p[2].config["deviceID"], "0000:af:06.2");
+        assert_eq!(p[2].capability_args["deviceID"], "0000:af:06.2");
+        // A third network of the same resource has no device left: a clear error.
+        let mut c = a.clone();
+        c.name = "db/c".into();
+        let three = parse_selections("a,b,c", NETWORKS_ANNOTATION).unwrap();
+        let e = build_with(Some(&devices), three, vec![a.clone(), b.clone(), c]).unwrap_err();
+        assert!(
+            e.msg.contains("db/c") && e.msg.contains("intel.com/vf"),
+            "{e}"
+        );
+        // Not looked up (explain): no deviceID, no error.
+        let p = build_with(None, sels[..1].to_vec(), vec![a]).unwrap();
+        assert!(p[1].config.get("deviceID").is_none());
     }
 
     #[test]

@@ -125,11 +125,11 @@ fn resolve_ref(
     pod: &str,
 ) -> Result<ResolvedNetwork, CniError> {
     match rf {
-        NetRef::Path(p) => resolve::load_path(p).map(|list| ResolvedNetwork { name: list.name.clone(), list }),
+        NetRef::Path(p) => resolve::load_path(p).map(|list| ResolvedNetwork { name: list.name.clone(), list, resource_name: None }),
         NetRef::Nad { ns, name, conf_fallback } => match nads.get(&(ns.clone(), name.clone())) {
             Some(Some(data)) => resolve::from_nad(ns, name, data, conf_dir),
             _ if *conf_fallback => find_by_name(name, &resolve::read_conf_dir(conf_dir))
-                .map(|list| ResolvedNetwork { name: list.name.clone(), list })
+                .map(|list| ResolvedNetwork { name: list.name.clone(), list, resource_name: None })
                 .ok_or_else(|| {
                     CniError::new(
                         code::INVALID_CONFIG,
@@ -150,6 +150,7 @@ pub fn make_plan(
     pod: Option<&PodInfo>,
     r: &Requests,
     nads: &NadMap,
+    devices: Option<&crate::plan::DeviceMap>,
 ) -> Result<Vec<PlannedAttachment>, CniError> {
     let label = pod_label(pod);
     let conf_dir = Path::new(&config.conf_dir);
@@ -178,11 +179,13 @@ pub fn make_plan(
         always.extend(it.map(|list| ResolvedNetwork {
             name: list.name.clone(),
             list,
+            resource_name: None,
         }));
         (
             ResolvedNetwork {
                 name: first.name.clone(),
                 list: first,
+                resource_name: None,
             },
             None,
         )
@@ -208,6 +211,7 @@ pub fn make_plan(
         default,
         always,
         selected,
+        devices,
     })
 }
 
@@ -241,7 +245,10 @@ mod tests {
     }
 
     fn nad(cfg: &str) -> Option<NadData> {
-        Some(NadData { config: cfg.into() })
+        Some(NadData {
+            config: cfg.into(),
+            resource_name: None,
+        })
     }
 
     #[test]
@@ -275,7 +282,7 @@ mod tests {
         );
         nads.insert(refs[2].clone(), None);
         let args = CniArgs::default();
-        let e = make_plan(&c, "eth0", &args, Some(&p), &r, &nads).unwrap_err();
+        let e = make_plan(&c, "eth0", &args, Some(&p), &r, &nads, None).unwrap_err();
         assert!(
             e.msg.contains("pod db/p") && e.msg.contains("other/sr") && e.msg.contains("not found"),
             "{e}"
@@ -284,7 +291,7 @@ mod tests {
             refs[2].clone(),
             nad(r#"{"cniVersion":"1.0.0","type":"sriov"}"#),
         );
-        let plan = make_plan(&c, "eth0", &args, Some(&p), &r, &nads).unwrap();
+        let plan = make_plan(&c, "eth0", &args, Some(&p), &r, &nads, None).unwrap();
         let v: Vec<(&str, &str)> = plan
             .iter()
             .map(|a| (a.network.as_str(), a.ifname.as_str()))
@@ -338,7 +345,16 @@ mod tests {
             json!({"delegates":[{"cniVersion":"1.0.0","name":"a","type":"bridge"},{"cniVersion":"1.0.0","name":"b","type":"macvlan"},{"cniVersion":"1.0.0","name":"c","type":"ptp"}]}),
         );
         let r = requests(&c, None).unwrap();
-        let plan = make_plan(&c, "eth0", &CniArgs::default(), None, &r, &NadMap::new()).unwrap();
+        let plan = make_plan(
+            &c,
+            "eth0",
+            &CniArgs::default(),
+            None,
+            &r,
+            &NadMap::new(),
+            None,
+        )
+        .unwrap();
         let v: Vec<&str> = plan.iter().map(|a| a.ifname.as_str()).collect();
         assert_eq!(v, vec!["eth0", "net1", "net2"]);
     }

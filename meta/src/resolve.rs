@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 pub struct NadData {
     /// `spec.config` (may be empty).
     pub config: String,
+    /// The `k8s.v1.cni.cncf.io/resourceName` annotation, if any.
+    pub resource_name: Option<String>,
 }
 
 /// What a `clusterNetwork`/`defaultNetworks` value refers to.
@@ -114,6 +116,7 @@ pub fn from_nad(
     Ok(ResolvedNetwork {
         name: format!("{ns}/{name}"),
         list,
+        resource_name: data.resource_name.clone(),
     })
 }
 
