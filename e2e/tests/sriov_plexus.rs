@@ -335,3 +335,58 @@ fn device_plugin_network_without_an_allocation_is_a_clear_error() {
     );
     assert_eq!(pod.links(), vec!["lo"]);
 }
+
+/// The same device-plugin network, with the allocation answered by the kubelet pod-resources
+/// gRPC API over its Unix socket (the path Multus prefers), and no checkpoint file at all.
+#[test]
+fn device_plugin_allocation_from_the_pod_resources_api() {
+    use plexus_e2e::fake_kubelet::{FakeKubelet, FakeKubeletOptions, FakePod};
+    let mut rig = Rig::new();
+    let nad = json!({"cniVersion":"1.0.0","type":"sriov","name":"sriov-dp",
+        "ipam":{"type":"static","addresses":[{"address":"10.56.218.10/24"}]}});
+    rig.api
+        .put_nad(
+            "bank",
+            "sriov-dp",
+            &nad.to_string(),
+            &[(
+                "k8s.v1.cni.cncf.io/resourceName",
+                "intel.com/intel_sriov_netdevice",
+            )],
+        )
+        .unwrap();
+    rig.api
+        .put_pod(json!({"metadata":{"name":"grpc","namespace":"bank","uid":"uid-grpc",
+            "annotations":{"k8s.v1.cni.cncf.io/networks":"sriov-dp"}},"spec":{"containers":[{"name":"db","image":"pg"}]}}))
+        .unwrap();
+    let socket = rig.p("kubelet.sock");
+    let kubelet = FakeKubelet::start(
+        &socket,
+        vec![
+            FakePod::new("bank", "grpc").with_devices(
+                "db",
+                "intel.com/intel_sriov_netdevice",
+                &[VF0],
+            ),
+            FakePod::new("bank", "other").with_devices(
+                "db",
+                "intel.com/intel_sriov_netdevice",
+                &["0000:af:06.7"],
+            ),
+        ],
+        FakeKubeletOptions {
+            implement_get: true,
+            ..FakeKubeletOptions::default()
+        },
+    )
+    .unwrap();
+    rig.extra =
+        json!({"podResourcesSocket": socket, "deviceCheckpointFile": rig.p("no-checkpoint")});
+    let pod = Netns::new();
+    rig.plexus("ADD", "grpc", &pod.path()).ok();
+    assert_eq!(pod.addrs("net1"), vec!["10.56.218.10/24"]);
+    assert_eq!(kubelet.requests(), 1, "one pod-resources call per ADD");
+    rig.plexus("DEL", "grpc", &pod.path()).ok();
+    assert_eq!(kubelet.requests(), 1, "DEL asks nobody");
+    assert_eq!(rig.host_vf()["ifname"], "vf0");
+}
