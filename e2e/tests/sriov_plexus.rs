@@ -289,7 +289,11 @@ fn sriov_cni_readme_nad_with_device_plugin_resource() {
     rig.extra = json!({"deviceCheckpointFile": rig.p("checkpoint"), "podResourcesSocket": rig.p("no-kubelet.sock")});
     let pod = Netns::new();
     rig.plexus("ADD", "dp", &pod.path()).ok();
-    assert_eq!(pod.addrs("net1"), vec!["10.56.217.2/24"]);
+    let addrs = pod.addrs("net1");
+    assert!(
+        addrs.len() == 1 && addrs[0].starts_with("10.56.217.") && addrs[0].ends_with("/24"),
+        "{addrs:?}"
+    );
     assert!(rig.host_vf().is_null(), "VF {VF0} moved into the pod");
     rig.plexus("CHECK", "dp", &pod.path()).ok();
     rig.plexus("DEL", "dp", &pod.path()).ok();
