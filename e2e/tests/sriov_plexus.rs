@@ -161,6 +161,11 @@ fn bank_scenario_add_check_del_restores_everything() {
     .unwrap();
     assert_eq!(status[1]["name"], "bank/sriov-data");
     assert_eq!(status[1]["ips"], json!(["10.56.217.10"]));
+    assert_eq!(
+        status[1]["device-info"],
+        json!({"type":"pci","version":"1.1.0","pci":{"pci-address":VF0}})
+    );
+    assert!(status[0].get("device-info").is_none());
     rig.plexus("CHECK", "pg-0", &pod.path()).ok();
     rig.plexus("DEL", "pg-0", &pod.path()).ok();
     assert_eq!(rig.vf_pf_side(), before_pf, "PF side restored");

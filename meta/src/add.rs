@@ -106,9 +106,28 @@ pub fn network_status(plan: &[PlannedAttachment], done: &[Attached]) -> Vec<Netw
     done.iter()
         .flat_map(|d| {
             let a = &plan[d.index];
-            statuses_from_result(&a.network, &d.result, a.is_default, None)
+            let info = device_info(a);
+            statuses_from_result(&a.network, &d.result, a.is_default, info.as_ref())
         })
         .collect()
+}
+
+/// NPWG device-info (spec 1.1.0, type `pci`) for an attachment that uses a PCI device: the
+/// `deviceID` in its config (the NAD's, or the one the device plugin allocated). DPDK
+/// applications read their VF's address from it.
+pub fn device_info(a: &PlannedAttachment) -> Option<serde_json::Value> {
+    let id = |v: &serde_json::Value| {
+        v.get("deviceID")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    };
+    let dev = id(&a.config).or_else(|| {
+        a.config
+            .get("plugins")
+            .and_then(serde_json::Value::as_array)
+            .and_then(|ps| ps.iter().find_map(id))
+    })?;
+    Some(serde_json::json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": dev}}))
 }
 
 /// Run ADD.
