@@ -689,3 +689,33 @@ fn multus_style_cluster_network_and_default_networks() {
     )
     .ok();
 }
+
+#[test]
+fn pod_annotations_from_the_runtime_save_the_pod_get() {
+    let mut node = Node::new(44);
+    node.macvlan_nad("db", "mv", node.host_local("10.144.0.0/24"));
+    let uid = node.pod("db", "rt", json!({NETWORKS: "mv"}));
+    // What containerd passes when plexus declares the capability: the pod's annotations.
+    node.extra = json!({"capabilities": {"io.kubernetes.cri.pod-annotations": true},
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {NETWORKS: "mv", "other": "x"}}});
+    let ns = Netns::new();
+    node.api.clear_requests();
+    node.call("ADD", "cid-rt", &ns.path(), &Node::args("db", "rt", &uid))
+        .ok();
+    assert!(ns.links().contains(&"net1".to_string()));
+    assert_eq!(
+        node.api
+            .count_requests("GET", "/api/v1/namespaces/db/pods/rt"),
+        0,
+        "no GET pod"
+    );
+    assert_eq!(
+        node.api.requests().len(),
+        1 + 2,
+        "NAD GET, status PATCH, event: N+2"
+    );
+    assert_eq!(node.status("db", "rt").as_array().unwrap().len(), 2);
+    node.call("DEL", "cid-rt", &ns.path(), &Node::args("db", "rt", &uid))
+        .ok();
+    assert!(node.leftovers().is_empty());
+}

@@ -15,6 +15,30 @@ use plexus_conf::k8s::network_status::{statuses_from_result, to_annotation, Netw
 use plexus_conf::version;
 use plexus_delegates::skel::{AddOutput, CmdArgs};
 
+/// The runtime capability carrying the pod's annotations (containerd, CRI-O).
+pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
+
+/// The pod from what the runtime passed, without an API request: when plexus' config declares
+/// the `io.kubernetes.cri.pod-annotations` capability the runtime hands over the annotations,
+/// and `K8S_POD_UID` identifies the pod (the status PATCH carries it as a precondition).
+pub fn pod_from_runtime(
+    config: &plexus_conf::plexus_config::PlexusConfig,
+    id: Option<&PodIdentity>,
+) -> Option<PodInfo> {
+    let id = id.filter(|i| !i.uid.is_empty())?;
+    let ann = config
+        .runtime_config
+        .get(POD_ANNOTATIONS_CAPABILITY)?
+        .as_object()?;
+    Some(PodInfo {
+        id: id.clone(),
+        annotations: ann
+            .iter()
+            .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+            .collect(),
+    })
+}
+
 /// Fetch the pod (bounded retry). `Ok(None)`: no API, no pod identity, or the pod is gone.
 pub fn fetch_pod(
     ctx: &mut Ctx,
@@ -136,7 +160,10 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
     let id = PodIdentity::from_args(&cni_args);
     wait_ready(&ctx.config)?;
     let client = if id.is_some() { ctx.client()? } else { None };
-    let pod = fetch_pod(ctx, client.as_ref(), id.as_ref())?;
+    let pod = match pod_from_runtime(&ctx.config, id.as_ref()).filter(|_| client.is_some()) {
+        Some(p) => Some(p),
+        None => fetch_pod(ctx, client.as_ref(), id.as_ref())?,
+    };
     let label = id
         .as_ref()
         .map(|p| format!("pod {}", p.key()))
