@@ -281,10 +281,12 @@ load_primary() {
 		log "$1 has no cniVersion (set --cni-version)"
 		return 1
 	fi
-	# Union of the capabilities enabled at the top level (.conf) or in any plugin (.conflist).
+	# Union of the capabilities enabled at the top level (.conf) or in any plugin (.conflist),
+	# plus the pod annotations containerd and CRI-O hand to plugins that ask: plexus then needs
+	# no GET of the pod on ADD.
 	P_CAPS=$(jq -c '[.capabilities, ((.plugins // []) | .[] | .capabilities?)]
 		| map(select(type == "object") | to_entries[] | select(.value == true) | {(.key): true})
-		| add // {}' "$1") || return 1
+		| (add // {}) + {"io.kubernetes.cri.pod-annotations": true}' "$1") || return 1
 }
 
 # Wait (bounded) for a usable primary config; sets P_PATH, P_VERSION, P_CAPS.

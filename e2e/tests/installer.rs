@@ -420,7 +420,7 @@ fn config_is_generated_from_the_first_primary_config() {
     // The union of the enabled capabilities of every plugin; `ips: false` is not one.
     assert_eq!(
         p["capabilities"],
-        json!({"portMappings": true, "bandwidth": true})
+        json!({"portMappings": true, "bandwidth": true, "io.kubernetes.cri.pod-annotations": true})
     );
     assert_eq!(p["logFile"], "/var/log/plexus.log");
     assert_eq!(p["logLevel"], "warn");
@@ -477,7 +477,10 @@ fn config_is_generated_from_the_first_primary_config() {
         c["clusterNetwork"],
         node.conf("10-calico.conf").to_string_lossy().as_ref()
     );
-    assert_eq!(c["capabilities"], json!({"portMappings": true}));
+    assert_eq!(
+        c["capabilities"],
+        json!({"portMappings": true, "io.kubernetes.cri.pod-annotations": true})
+    );
     assert_eq!(c["namespaceIsolation"], true);
     assert!(!node.conf("00-plexus.conflist").exists());
     assert_containerd_contract(&events, "00-plexus.conf");
