@@ -20,15 +20,15 @@ fn sh(args: &[&str]) {
         .status();
 }
 
-fn exec(bin: &Path, env: &[(&str, &str)], stdin: &Value) -> (bool, String) {
-    let mut cmd = Command::new(bin);
+/// Run `cmd` with `env` added and `stdin` fed; its whole output.
+fn run_with(mut cmd: Command, env: &[(&str, &str)], stdin: &Value) -> std::process::Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
     child
@@ -37,7 +37,11 @@ fn exec(bin: &Path, env: &[(&str, &str)], stdin: &Value) -> (bool, String) {
         .unwrap()
         .write_all(stdin.to_string().as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn exec(bin: &Path, env: &[(&str, &str)], stdin: &Value) -> (bool, String) {
+    let out = run_with(Command::new(bin), env, stdin);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -270,24 +274,9 @@ fn memory(plexus: &Path) {
             ("CNI_PATH", "/usr/lib/cni"),
             ("CNI_ARGS", args),
         ];
-        let mut cmd_line = Command::new(std::env::current_exe().unwrap());
-        cmd_line.arg("--peak-rss-of").arg(plexus);
-        for (k, v) in env {
-            cmd_line.env(k, v);
-        }
-        let mut child = cmd_line
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let mut measure = Command::new(std::env::current_exe().unwrap());
+        measure.arg("--peak-rss-of").arg(plexus);
+        let out = run_with(measure, &env, &conf);
         assert!(out.status.success(), "plexus {} failed", ["ADD", "DEL"][i]);
         peaks.push(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
