@@ -368,13 +368,36 @@ write_config() {
 	# From what we meant to publish: the final file may already be changed by someone else.
 	PUBLISHED_HASH=$(hash_of "$staged")
 	PUBLISHED_PATH=$final
-	rm -f "$staged"
+	mv -f "$staged" "$PLEXUS_D/.published"
 	# A config of the other extension from an earlier run would shadow or duplicate this one.
+	# Remove it, then give the runtime one more write event on the final file: containerd 1.6
+	# does not reload on a removal, and at the first write event both files still existed.
+	removed=false
 	for other in "$CONF_DIR/00-plexus.conf" "$CONF_DIR/00-plexus.conflist"; do
 		if [ "$other" != "$final" ] && [ -f "$other" ]; then
 			rm -f "$other"
 			log "removed stale $other"
+			removed=true
 		fi
+	done
+	if [ "$removed" = true ] && cmp -s "$PLEXUS_D/.published" "$final" 2>/dev/null; then
+		dd if="$PLEXUS_D/.published" of="$final" conv=notrunc status=none || die "cannot rewrite $final"
+	fi
+	check_not_shadowed "$name"
+}
+
+# The runtime loads the first *.conf, *.conflist or *.json in name order (libcni): warn loudly
+# and fail when another file (a leftover 00-multus.conf, say) comes before plexus' config.
+check_not_shadowed() {
+	for f in "$CONF_DIR"/*; do
+		base=${f##*/}
+		case $base in
+		*.conf | *.conflist | *.json) ;;
+		*) continue ;;
+		esac
+		[ -f "$f" ] || continue
+		[ "$base" = "$1" ] && return 0
+		die "$f sorts before $1: the container runtime would use it instead of plexus; remove it (a leftover Multus config?)"
 	done
 }
 

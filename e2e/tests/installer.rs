@@ -400,6 +400,16 @@ fn config_is_generated_from_the_first_primary_config() {
         &json!({"cniVersion": "0.3.1", "name": "b", "type": "bridge"}),
     );
     node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    // The leftover Multus config sorts first: the runtime would keep calling Multus, so the
+    // installer publishes its config but fails loudly until the leftover is removed.
+    let out = node.run(&[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("00-multus.conf sorts before 00-plexus.conflist"),
+        "{stderr}"
+    );
+    fs::remove_file(node.conf("00-multus.conf")).expect("rm");
     node.install(&[]);
 
     let c = node.read_json("00-plexus.conflist");
@@ -485,9 +495,19 @@ fn config_is_generated_from_the_first_primary_config() {
     assert!(!node.conf("00-plexus.conflist").exists());
     assert_containerd_contract(&events, "00-plexus.conf");
     let removed = last(&events, "00-plexus.conflist", IN_DELETE).expect("old removed");
+    let first_write = events
+        .iter()
+        .position(|e| e.name == "00-plexus.conf" && e.mask & IN_MODIFY != 0)
+        .expect("new written");
     assert!(
-        removed > last(&events, "00-plexus.conf", IN_MODIFY).expect("new written"),
-        "the old config went away before the new one was loaded: {events:?}"
+        removed > first_write,
+        "the old config went away before the new one was complete: {events:?}"
+    );
+    // containerd 1.6 does not reload on a removal, and at the first write event both files
+    // existed (the old one may sort first): one more write event must follow the removal.
+    assert!(
+        last(&events, "00-plexus.conf", IN_MODIFY).expect("new written") > removed,
+        "no write event after the old config was removed: {events:?}"
     );
 }
 

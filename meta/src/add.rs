@@ -151,7 +151,10 @@ pub fn device_info(a: &PlannedAttachment) -> Option<serde_json::Value> {
             .and_then(serde_json::Value::as_array)
             .and_then(|ps| ps.iter().find_map(id))
     })?;
-    Some(serde_json::json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": dev}}))
+    // Only a PCI address is reported as one (device plugins may hand out other IDs).
+    plexus_conf::k8s::selection::is_pci_address(&dev).then(
+        || serde_json::json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": dev}}),
+    )
 }
 
 /// Run ADD.

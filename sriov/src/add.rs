@@ -432,7 +432,18 @@ impl Adder<'_, '_> {
     /// Unwinds the undo stack in reverse and builds the final error.
     fn rollback(mut self, step: String, cause: SriovError) -> SriovError {
         let mut failed = Vec::new();
-        while let Some(u) = self.undo.pop() {
+        let mut undos = std::mem::take(&mut self.undo);
+        undos.reverse();
+        // The admin MAC goes back first, as on DEL: while the PF pins another admin MAC an
+        // untrusted VF's own MAC cannot be changed (i40e/iavf).
+        undos.sort_by_key(|u| !matches!(u, Undo::Pf(PfField::Mac)));
+        for u in undos {
+            if matches!(u, Undo::RemoveState) && !failed.is_empty() {
+                // Something could not be undone: keep the saved original state so that the
+                // runtime's DEL finishes the restore (and the VF stays marked as taken).
+                tracing::error!("rollback incomplete: keeping the VF state for DEL");
+                continue;
+            }
             if let Err(e) = self.undo_one(&u) {
                 tracing::error!(?u, error = %e, "rollback step failed");
                 failed.push(format!("undo {u:?}: {e}"));

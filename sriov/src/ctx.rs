@@ -41,15 +41,17 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    /// Resolves sysfs root and state dir: config key, then environment, then the default.
-    pub fn new(pf: &'a dyn PfVfConfig, settings: &Settings, conf: Option<&NetConf>) -> Self {
-        let sysfs_root = conf
-            .and_then(|c| c.sysfs_root.clone())
-            .or_else(|| settings.sysfs_root.clone())
+    /// Resolves sysfs root and state dir from the node's settings (environment), else the
+    /// defaults. Never from the network config: whoever writes a NAD must not choose which
+    /// directories a root plugin trusts or chmods (review finding C1).
+    pub fn new(pf: &'a dyn PfVfConfig, settings: &Settings, _conf: Option<&NetConf>) -> Self {
+        let sysfs_root = settings
+            .sysfs_root
+            .clone()
             .unwrap_or_else(|| PathBuf::from("/sys"));
-        let state_dir = conf
-            .and_then(|c| c.state_dir.clone())
-            .or_else(|| settings.state_dir.clone())
+        let state_dir = settings
+            .state_dir
+            .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         Ctx {
             pf,

@@ -25,7 +25,8 @@ const STANDARD_KEYS: &[&str] = &[
     "pciBusID",
 ];
 
-/// sriov-cni keys plus plexus additions (`mtu`, `sysfsRoot`, `stateDir`).
+/// sriov-cni keys plus the plexus addition `mtu`. Node paths (sysfs root, state dir) are never
+/// network-config keys: they come from the environment only.
 const SRIOV_KEYS: &[&str] = &[
     "deviceID",
     "vlan",
@@ -40,8 +41,9 @@ const SRIOV_KEYS: &[&str] = &[
     "logLevel",
     "logFile",
     "mtu",
-    "sysfsRoot",
-    "stateDir",
+    // Historical sriov-cni key (the PF name, now found through sysfs): accepted and ignored so
+    // old NADs keep working.
+    "master",
 ];
 
 /// VLAN settings for the VF.
@@ -93,10 +95,6 @@ pub struct NetConf {
     pub log_level: Option<String>,
     /// `logFile`.
     pub log_file: Option<PathBuf>,
-    /// `sysfsRoot` (plexus addition).
-    pub sysfs_root: Option<PathBuf>,
-    /// `stateDir` (plexus addition).
-    pub state_dir: Option<PathBuf>,
     /// `cni.dev/valid-attachments` (GC): (containerID, ifname) pairs.
     pub valid_attachments: Option<Vec<(String, String)>>,
 }
@@ -184,7 +182,8 @@ pub fn validate_pci_address(s: &str) -> Result<(), SriovError> {
     let parts: Vec<&str> = head.split(':').collect();
     let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
     let ok = match parts.as_slice() {
-        [d, b, dev] => hex(d, 4) && hex(b, 2) && hex(dev, 2),
+        // Domains can be wider than 4 digits (e.g. VMD and some hypervisors: 10000:00:02.0).
+        [d, b, dev] => d.len() >= 4 && hex(d, d.len()) && hex(b, 2) && hex(dev, 2),
         _ => false,
     } && func.len() == 1
         && func.chars().all(|c| c.is_digit(8));
@@ -405,10 +404,12 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
             Some(RateSpec { min, max })
         }
     };
-    let mtu = has("mtu")
-        .map(|v| get_int(v, "mtu", 68, 65535))
-        .transpose()?
-        .map(|n| n as u32);
+    // 0 means "leave the MTU alone", as for an absent key.
+    let mtu = match has("mtu") {
+        Some(v) if v.as_u64() == Some(0) => None,
+        Some(v) => Some(get_int(v, "mtu", 68, 65535)? as u32),
+        None => None,
+    };
 
     let ipam_type = match has("ipam") {
         Some(Value::Object(ipam)) => match ipam.get("type") {
@@ -422,16 +423,19 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
     let log_level = has("logLevel")
         .map(|v| get_str(v, "logLevel"))
         .transpose()?;
-    if let Some(l) = &log_level {
-        if !matches!(
+    // Like sriov-cni, an unknown log level is not a network error: it falls back to info.
+    let log_level = log_level.map(|l| {
+        let ok = matches!(
             l.to_ascii_lowercase().as_str(),
-            "" | "panic" | "error" | "warning" | "warn" | "info" | "debug" | "trace"
-        ) {
-            return Err(err(format!(
-                "logLevel {l:?} invalid: must be panic, error, warning, info or debug"
-            )));
+            "" | "panic" | "error" | "warning" | "warn" | "info" | "verbose" | "debug" | "trace"
+        );
+        if ok {
+            l
+        } else {
+            tracing::warn!(level = %l, "unknown logLevel, using info");
+            "info".to_string()
         }
-    }
+    });
     let path_of = |k: &str| -> Result<Option<PathBuf>, SriovError> {
         Ok(has(k)
             .map(|v| get_str(v, k))
@@ -454,8 +458,6 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         ipam_type,
         log_level,
         log_file: path_of("logFile")?,
-        sysfs_root: path_of("sysfsRoot")?,
-        state_dir: path_of("stateDir")?,
         valid_attachments,
     })
 }

@@ -181,6 +181,18 @@ pub fn is_ip_or_cidr(s: &str) -> bool {
     }
 }
 
+/// True for a PCI address `domain:bus:device.function` (`0000:af:06.1`; domains may be wider).
+pub fn is_pci_address(s: &str) -> bool {
+    let Some((head, func)) = s.rsplit_once('.') else {
+        return false;
+    };
+    let parts: Vec<&str> = head.split(':').collect();
+    let hex = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit());
+    matches!(parts.as_slice(), [d, b, dev] if d.len() >= 4 && hex(d) && b.len() == 2 && hex(b) && dev.len() == 2 && hex(dev))
+        && func.len() == 1
+        && func.chars().all(|c| c.is_digit(8))
+}
+
 /// True for a colon-separated hex hardware address of `bytes` bytes.
 pub fn is_mac(s: &str, bytes: usize) -> bool {
     let parts: Vec<&str> = s.split([':', '-']).collect();
@@ -325,5 +337,11 @@ mod tests {
         );
         assert!(!is_ip_or_cidr("10.1.2.3/33") && !is_ip_or_cidr("host"));
         assert!(is_mac("02:AA:bb:00:00:01", 6) && !is_mac("02:aa", 6));
+        assert!(is_pci_address("0000:af:06.1") && is_pci_address("10000:00:02.0"));
+        assert!(
+            !is_pci_address("vdpa0")
+                && !is_pci_address("0000:af:06.8")
+                && !is_pci_address("af:06.1")
+        );
     }
 }

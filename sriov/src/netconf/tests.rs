@@ -57,7 +57,6 @@ fn invalid_values_are_rejected_with_the_key_named() {
         ),
         (r#","vlanqos_x":1"#, "unknown key \"vlanqos_x\""),
         (r#","ipam":"host-local""#, "ipam must be an object"),
-        (r#","logLevel":"loud""#, "logLevel \"loud\" invalid"),
         (
             r#","runtimeConfig":{"ips":[1]}"#,
             "runtimeConfig.ips must be a list of strings",
@@ -86,6 +85,24 @@ fn device_id_is_required_and_validated() {
         let c = format!(r#"{{"cniVersion":"1.0.0","type":"sriov","deviceID":"{bad}"}}"#);
         assert!(parse(c.as_bytes(), "", Purpose::Attach).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn real_world_sriov_cni_nads_are_accepted() {
+    // An old NAD with the historical `master` key, mtu 0, a Multus-style log level, and a
+    // five-digit PCI domain.
+    let c = br#"{"cniVersion":"0.3.1","name":"n","type":"sriov","master":"ens785f0","mtu":0,"logLevel":"verbose","deviceID":"10000:03:02.3"}"#;
+    let conf = parse(c, "", Purpose::Attach).unwrap();
+    assert_eq!(conf.mtu, None);
+    assert_eq!(conf.device_id.as_deref(), Some("10000:03:02.3"));
+    let unknown_level = br#"{"cniVersion":"1.0.0","name":"n","type":"sriov","deviceID":"0000:03:02.3","logLevel":"loud"}"#;
+    assert_eq!(
+        parse(unknown_level, "", Purpose::Attach)
+            .unwrap()
+            .log_level
+            .as_deref(),
+        Some("info")
+    );
 }
 
 #[test]
