@@ -20,6 +20,7 @@ SRC_DIR=${PLEXUS_SRC_DIR:-/usr/src/plexus/bin}
 BINARIES=${PLEXUS_BINARIES:-plexus sriov}
 CONF_DIR=${PLEXUS_CONF_DIR:-/host/etc/cni/net.d}
 HOST_CONF_DIR=${PLEXUS_HOST_CONF_DIR:-/etc/cni/net.d}
+REPLACE_SRIOV_CNI=${PLEXUS_REPLACE_SRIOV_CNI:-false}
 CONF_NAME=${PLEXUS_CONF_NAME:-auto}
 PRIMARY=${PLEXUS_PRIMARY:-auto}
 PRIMARY_WAIT=${PLEXUS_PRIMARY_WAIT_SECONDS:-120}
@@ -163,6 +164,12 @@ install_binaries() {
 		if [ -f "$dst" ] && cmp -s "$src" "$dst"; then
 			log "$dst is up to date"
 			continue
+		fi
+		# Replacing sriov-cni's binary would strand the VFs it attached: their DEL would reach
+		# plexus' sriov, which does not know sriov-cni's state and could not restore them.
+		if [ "$b" = sriov ] && [ -f "$dst" ] && ! grep -q PLEXUS_SRIOV_STATE_DIR "$dst" &&
+			[ "$REPLACE_SRIOV_CNI" != true ]; then
+			die "$dst is another sriov plugin (sriov-cni?): drain SR-IOV pods from the node first, then set PLEXUS_REPLACE_SRIOV_CNI=true"
 		fi
 		# Same directory, so mv is a rename(2): atomic, and it works while the old binary is
 		# executing (writing into it would fail with ETXTBSY).

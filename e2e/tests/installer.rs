@@ -708,3 +708,42 @@ fn watch_regenerates_on_changes_and_keeps_the_config_on_exit() {
     );
     assert!(stderr.contains("restoring"), "{stderr}");
 }
+
+#[test]
+fn a_foreign_sriov_binary_is_not_replaced_without_consent() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    // sriov-cni's binary is installed: replacing it would strand the VFs it attached.
+    fs::create_dir_all(node.path("bin")).expect("mkdir");
+    fs::write(node.path("bin/sriov"), "#!/bin/sh\necho sriov-cni\n").expect("write");
+    let out = node.run(&[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("another sriov plugin"), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(node.path("bin/sriov")).expect("read"),
+        "#!/bin/sh\necho sriov-cni\n"
+    );
+    // With the operator's consent (pods drained) it is replaced.
+    let out = node
+        .command(&[])
+        .env("PLEXUS_REPLACE_SRIOV_CNI", "true")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        fs::read(node.path("bin/sriov")).expect("read"),
+        fs::read("/bin/false").expect("read")
+    );
+    // plexus' own sriov (it names its state-dir variable) is upgraded without asking.
+    fs::write(
+        node.path("bin/sriov"),
+        "#!/bin/sh\n# PLEXUS_SRIOV_STATE_DIR\n",
+    )
+    .expect("write");
+    node.install(&[]);
+}
