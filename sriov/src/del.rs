@@ -121,8 +121,21 @@ fn netdev_home(
             break;
         }
     }
-    let names = ctx.sysfs.vf_netdevs(&st.vf_pci).unwrap_or_default();
-    match restore::find_in_host(&mut host, &names, orig)? {
+    // When the pod netns was just destroyed the kernel hands the VF back to the host
+    // asynchronously (netns cleanup runs in a workqueue): look again for a short while before
+    // concluding that the netdev is gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let found = loop {
+        let names = ctx.sysfs.vf_netdevs(&st.vf_pci).unwrap_or_default();
+        match restore::find_in_host(&mut host, &names, orig)? {
+            Some(l) => break Some(l),
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            None => break None,
+        }
+    };
+    match found {
         Some(l) => restore::restore_in_host(&mut host, &l, orig, &st.ifname),
         None => {
             // Not in the pod and not in the host: nothing we can restore (e.g. the driver was
