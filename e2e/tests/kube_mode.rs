@@ -112,6 +112,15 @@ impl Node {
     }
 }
 
+/// The `name` of every network-status entry, in order.
+fn status_names(st: &Value) -> Vec<&str> {
+    st.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect()
+}
+
 #[test]
 fn three_extra_networks_both_forms_status_events_and_request_budget() {
     let node = Node::new(31);
@@ -153,12 +162,7 @@ fn three_extra_networks_both_forms_status_events_and_request_budget() {
         assert!(ns.addrs("net3")[0].starts_with("10.131.3."));
         // network-status: default first, names ns/nad, IPs without prefix, no "<nil>".
         let st = node.status("db", &pod);
-        let names: Vec<&str> = st
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["name"].as_str().unwrap())
-            .collect();
+        let names = status_names(&st);
         assert_eq!(names, vec!["cbr0", "db/mv-a", "db/mv-b", "default/mv-c"]);
         assert_eq!(st[0]["default"], true);
         assert_eq!(st[0]["interface"], "eth0");
@@ -652,12 +656,7 @@ fn multus_style_cluster_network_and_default_networks() {
     node.call("ADD", "cid-m", &ns.path(), &Node::args("db", "m", &uid))
         .ok();
     let st = node.status("db", "m");
-    let names: Vec<&str> = st
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
+    let names = status_names(&st);
     assert_eq!(names, vec!["cbr0", "kube-system/monitoring", "db/mv"]);
     assert_eq!(st[1]["interface"], "net1");
     assert_eq!(st[2]["interface"], "net2");

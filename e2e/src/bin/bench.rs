@@ -48,6 +48,24 @@ fn exec(bin: &Path, env: &[(&str, &str)], stdin: &Value) -> (bool, String) {
     )
 }
 
+/// The CNI environment of one plexus call (eth0, as the kubelet sends it).
+fn plexus_env<'a>(
+    cmd: &'a str,
+    cid: &'a str,
+    netns: &'a str,
+    cni_path: &'a str,
+    args: &'a str,
+) -> [(&'static str, &'a str); 6] {
+    [
+        ("CNI_COMMAND", cmd),
+        ("CNI_CONTAINERID", cid),
+        ("CNI_NETNS", netns),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", cni_path),
+        ("CNI_ARGS", args),
+    ]
+}
+
 fn median(mut v: Vec<Duration>) -> f64 {
     v.sort();
     v[v.len() / 2].as_secs_f64() * 1000.0
@@ -142,15 +160,7 @@ fn static_mode(plexus: &Path, cni_bin: &Path, n: usize) {
         let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
                           "logLevel":"error","logToStderr":false,"delegates":e.delegates()});
         let cid = format!("bench-plexus-{i}");
-        let env = |cmd: &'static str| {
-            [
-                ("CNI_COMMAND", cmd),
-                ("CNI_CONTAINERID", cid.as_str()),
-                ("CNI_NETNS", netns.as_str()),
-                ("CNI_IFNAME", "eth0"),
-                ("CNI_PATH", cni_path.as_str()),
-            ]
-        };
+        let env = |cmd: &'static str| plexus_env(cmd, &cid, &netns, &cni_path, "");
         let t = Instant::now();
         let (ok, out) = exec(plexus, &env("ADD"), &conf);
         assert!(ok, "plexus ADD failed: {out}");
@@ -205,16 +215,7 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
                 "annotations":{"k8s.v1.cni.cncf.io/networks":ann}},"spec":{"containers":[{"name":"c","image":"x"}]}})).unwrap();
             let cid = format!("bench-k8s-{i}-{}", label.len());
             let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID=u-{i};K8S_POD_INFRA_CONTAINER_ID={cid}");
-            let env = |cmd: &'static str| {
-                [
-                    ("CNI_COMMAND", cmd),
-                    ("CNI_CONTAINERID", cid.as_str()),
-                    ("CNI_NETNS", netns.as_str()),
-                    ("CNI_IFNAME", "eth0"),
-                    ("CNI_PATH", cni_path.as_str()),
-                    ("CNI_ARGS", args.as_str()),
-                ]
-            };
+            let env = |cmd: &'static str| plexus_env(cmd, &cid, &netns, &cni_path, &args);
             api.clear_requests();
             let t = Instant::now();
             let (ok, out) = exec(plexus, &env("ADD"), &conf);
@@ -266,14 +267,7 @@ fn memory(plexus: &Path) {
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=mem;K8S_POD_UID=u-mem";
     let mut peaks = Vec::new();
     for (i, cmd) in ["ADD", "DEL"].iter().enumerate() {
-        let env = [
-            ("CNI_COMMAND", *cmd),
-            ("CNI_CONTAINERID", "mem"),
-            ("CNI_NETNS", netns.as_str()),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/usr/lib/cni"),
-            ("CNI_ARGS", args),
-        ];
+        let env = plexus_env(cmd, "mem", &netns, "/usr/lib/cni", args);
         let mut measure = Command::new(std::env::current_exe().unwrap());
         measure.arg("--peak-rss-of").arg(plexus);
         let out = run_with(measure, &env, &conf);
