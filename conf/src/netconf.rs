@@ -55,8 +55,13 @@ pub struct NetConfList {
     pub cni_version: String,
     /// `cniVersions` (1.1.0).
     pub cni_versions: Vec<String>,
-    /// `name`.
+    /// `name`; for a config without one, the type of its first plugin (see
+    /// [`NetConfList::name_derived`]).
     pub name: String,
+    /// True when the config has no `name` and [`NetConfList::name`] was derived from the first
+    /// plugin's `type`. Multus accepts such configs (libcni needs no name for a single plugin);
+    /// plexus keys its cache, plan and network-status entry on the derived name.
+    pub name_derived: bool,
     /// `disableCheck`.
     pub disable_check: bool,
     /// `disableGC`.
@@ -156,7 +161,19 @@ impl NetConfList {
                 }
             }
         };
+        // A nameless config (Multus accepts `{"type":"weave-net"}` as a delegate) is named after
+        // its first plugin's type, which is validated like any name below.
+        let name_derived = name.is_empty();
+        let name = if name_derived {
+            plugins
+                .first()
+                .map(|p| p.plugin_type().to_string())
+                .unwrap_or_default()
+        } else {
+            name
+        };
         let list = NetConfList {
+            name_derived,
             disable_check: flag(&raw, "disableCheck")?,
             disable_gc: flag(&raw, "disableGC")?,
             load_only_inlined_plugins: flag(&raw, "loadOnlyInlinedPlugins")?,
@@ -175,7 +192,7 @@ impl NetConfList {
         if self.name.is_empty() {
             return Err(CniError::invalid_config(
                 "missing network name",
-                "the configuration has no 'name'",
+                "the configuration has no 'name' and its first plugin no 'type' to name it after",
             ));
         }
         validate::network_name(&self.name)?;
@@ -308,6 +325,26 @@ mod tests {
     }
 
     #[test]
+    fn nameless_configs_are_named_after_their_first_plugin() {
+        let l = NetConfList::parse(br#"{"type":"weave-net"}"#).unwrap();
+        assert_eq!((l.name.as_str(), l.name_derived), ("weave-net", true));
+        // The plugin is told the name its network is known by.
+        assert_eq!(
+            l.plugin_request(0, "1.0.0", &Map::new(), None)["name"],
+            "weave-net"
+        );
+        // Serialised back, the config stays as written (no name added).
+        assert!(l.to_value().get("name").is_none());
+        let l = NetConfList::parse(
+            br#"{"cniVersion":"1.0.0","plugins":[{"type":"bridge"},{"type":"portmap"}]}"#,
+        )
+        .unwrap();
+        assert_eq!((l.name.as_str(), l.name_derived), ("bridge", true));
+        let named = NetConfList::parse(br#"{"name":"cbr0","type":"bridge"}"#).unwrap();
+        assert!(!named.name_derived);
+    }
+
+    #[test]
     fn single_config_is_up_converted() {
         let l = NetConfList::parse(br#"{"cniVersion":"0.4.0","name":"mv","type":"macvlan","master":"m0","ipam":{"type":"static"}}"#).unwrap();
         assert!(l.single);
@@ -320,7 +357,8 @@ mod tests {
         let cases: &[(&str, u32, &str)] = &[
             ("not json", 6, ""),
             ("[]", 6, ""),
-            (r#"{"type":"bridge"}"#, 7, "name"),
+            (r#"{"plugins":[]}"#, 7, "name"),
+            (r#"{"plugins":[{"bridge":"b"}]}"#, 7, "name"),
             (r#"{"name":"x","plugins":[]}"#, 7, "no plugins"),
             (r#"{"name":"x","plugins":{}}"#, 7, "list"),
             (r#"{"name":"x","plugins":[{"bridge":"b"}]}"#, 7, "type"),

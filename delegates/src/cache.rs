@@ -132,20 +132,41 @@ impl ResultCache {
         })
     }
 
-    /// Every cached attachment of `network` (for GC).
-    pub fn list_network(&self, network: &str) -> Vec<CachedAttachment> {
+    /// Every readable `cniCacheV1` entry whose file name passes `keep`, in file-name order.
+    fn entries(&self, keep: impl Fn(&str) -> bool) -> Vec<CachedAttachment> {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
-        rd.filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{network}-"))
-            })
-            .filter_map(|e| std::fs::read(e.path()).ok())
+        let mut paths: Vec<PathBuf> = rd
+            .filter_map(Result::ok)
+            .filter(|e| keep(&e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .collect();
+        paths.sort();
+        paths
+            .iter()
+            .filter_map(|p| std::fs::read(p).ok())
             .filter_map(|b| serde_json::from_slice::<CachedAttachment>(&b).ok())
-            .filter(|c| c.network_name == network && c.kind == "cniCacheV1")
+            .filter(|c| c.kind == "cniCacheV1")
+            .collect()
+    }
+
+    /// Every cached attachment of `network` (for GC).
+    pub fn list_network(&self, network: &str) -> Vec<CachedAttachment> {
+        let prefix = format!("{network}-");
+        self.entries(|f| f.starts_with(&prefix))
+            .into_iter()
+            .filter(|c| c.network_name == network)
+            .collect()
+    }
+
+    /// Every cached attachment of one container, whatever its network (for a DEL that lost its
+    /// own record of the container's networks: each entry holds what that network's DEL needs).
+    pub fn list_container(&self, container_id: &str) -> Vec<CachedAttachment> {
+        let infix = format!("-{container_id}-");
+        self.entries(|f| f.contains(&infix))
+            .into_iter()
+            .filter(|c| c.container_id == container_id)
             .collect()
     }
 }
@@ -177,6 +198,8 @@ mod tests {
         assert_eq!(c.load("n", "c1", "eth0").unwrap(), e);
         assert_eq!(c.list_network("n").len(), 1);
         assert!(c.list_network("other").is_empty());
+        assert_eq!(c.list_container("c1"), vec![e.clone()]);
+        assert!(c.list_container("c").is_empty());
         c.remove("n", "c1", "eth0").unwrap();
         c.remove("n", "c1", "eth0").unwrap();
         assert!(c.load("n", "c1", "eth0").is_none());

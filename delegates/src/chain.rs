@@ -185,8 +185,12 @@ impl Runtime {
         if let Some(first) = combine(errors) {
             return Err(first);
         }
+        // The network is gone: a cache entry that cannot be removed (unwritable state dir) is
+        // the caller's bookkeeping problem, not a failed DEL.
         if let Some(cache) = &self.cache {
-            cache.remove(&list.name, &att.container_id, &att.ifname)?;
+            if let Err(e) = cache.remove(&list.name, &att.container_id, &att.ifname) {
+                tracing::error!(network = %list.name, error = %e, "network deleted, but its cached result stays");
+            }
         }
         Ok(())
     }

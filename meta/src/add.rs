@@ -157,8 +157,49 @@ pub fn device_info(a: &PlannedAttachment) -> Option<serde_json::Value> {
     )
 }
 
+/// What ADD knows before it changes anything: the pod, its label for messages, the API client
+/// and the plan.
+struct Prepared {
+    id: Option<PodIdentity>,
+    client: Option<KubeClient>,
+    pod: Option<PodInfo>,
+    label: String,
+    plan: Vec<PlannedAttachment>,
+}
+
 /// Run ADD.
 pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
+    match prepare(ctx, args) {
+        Ok(p) => attach_planned(ctx, args, p),
+        Err(e) => {
+            forget_unstarted_add(ctx, args);
+            Err(e)
+        }
+    }
+}
+
+/// An ADD that failed before running anything leaves nothing to delete: mark the container
+/// deleted, so the runtime's DEL that follows returns at once instead of rebuilding a plan
+/// that may not even run (a missing plugin). Skipped when the container already has state
+/// (a repeated ADD must not hide the first one's attachments from DEL).
+fn forget_unstarted_add(ctx: &Ctx, args: &CmdArgs) {
+    let Ok(lock) = ctx.store.lock(&args.container_id) else {
+        return;
+    };
+    let has_plan = !matches!(ctx.store.load(&args.container_id, &args.ifname), Ok(None));
+    let has_results = ctx
+        .runtime
+        .cache
+        .as_ref()
+        .is_some_and(|c| !c.list_container(&args.container_id).is_empty());
+    if !has_plan && !has_results {
+        ctx.store.finish_delete(&args.container_id, &args.ifname);
+    }
+    drop(lock);
+}
+
+/// The side-effect-free part of ADD: pod, NADs, devices, plan, plugin presence.
+fn prepare(ctx: &mut Ctx, args: &CmdArgs) -> Result<Prepared, CniError> {
     let cni_args = CniArgs::parse(&args.args)?;
     let id = PodIdentity::from_args(&cni_args);
     wait_ready(&ctx.config)?;
@@ -171,29 +212,71 @@ pub fn add(ctx: &mut Ctx, args: &CmdArgs) -> Result<AddOutput, CniError> {
         .as_ref()
         .map(|p| format!("pod {}", p.key()))
         .unwrap_or_else(|| format!("container {}", args.container_id));
-    let requests = planner::requests(&ctx.config, pod.as_ref())?;
-    let refs = planner::nad_refs(
-        &requests,
-        pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
-    );
-    let nads = fetch_nads(ctx, client.as_ref(), &refs, &label)?;
+    let plan = match plan_pod(ctx, args, &cni_args, client.as_ref(), pod.as_ref(), &label) {
+        Ok(plan) => plan,
+        Err(e) => {
+            // The pod author's mistakes (a missing NAD, a bad annotation) show on the pod.
+            post_event(
+                ctx,
+                client.as_ref(),
+                pod.as_ref(),
+                EventType::Warning,
+                "AddInterfaceFailed",
+                &e.to_string(),
+            );
+            return Err(e);
+        }
+    };
+    Ok(Prepared {
+        id,
+        client,
+        pod,
+        label,
+        plan,
+    })
+}
+
+/// The pod's attachment plan: its networks resolved, devices looked up, plugins present.
+fn plan_pod(
+    ctx: &mut Ctx,
+    args: &CmdArgs,
+    cni_args: &CniArgs,
+    client: Option<&KubeClient>,
+    pod: Option<&PodInfo>,
+    label: &str,
+) -> Result<Vec<PlannedAttachment>, CniError> {
+    let requests = planner::requests(&ctx.config, pod)?;
+    let refs = planner::nad_refs(&requests, pod.map(|p| p.id.namespace.as_str()).unwrap_or(""));
+    let nads = fetch_nads(ctx, client, &refs, label)?;
     // Device-plugin networks: ask the kubelet what it allocated, only when a NAD needs it.
     let needs_devices = nads.values().flatten().any(|n| n.resource_name.is_some());
-    let devices = match (needs_devices, pod.as_ref()) {
+    let devices = match (needs_devices, pod) {
         (true, Some(p)) => Some(crate::devices::lookup(ctx, p)?),
         _ => None,
     };
     let plan = planner::make_plan(
         &ctx.config,
         &args.ifname,
-        &cni_args,
-        pod.as_ref(),
+        cni_args,
+        pod,
         &requests,
         &nads,
         devices.as_ref(),
     )?;
-    attach::validate_plugins(&ctx.runtime, &plan, &label)?;
-    // Planning has no side effects; from here on state is written, under the container lock.
+    attach::validate_plugins(&ctx.runtime, &plan, label)?;
+    Ok(plan)
+}
+
+/// The part of ADD that changes things: save the plan, attach with undo, report.
+fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutput, CniError> {
+    let Prepared {
+        id,
+        client,
+        pod,
+        label,
+        plan,
+    } = p;
+    // From here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
     // A second ADD for an attachment that exists must change nothing (the spec: error out).
     if ctx

@@ -1,11 +1,15 @@
-//! DEL: undo everything from the plan saved at ADD, with no API request. Without a plan the
-//! plan is rebuilt from the API when reachable, else from the static config, and cleanup still
-//! runs. Repeated DELs succeed at once.
+//! DEL: undo everything from the plan saved at ADD, with no API request. Without a usable plan
+//! the networks are taken from the delegates' result cache (each entry holds the exact config
+//! its network was added with) and from a plan rebuilt from the API when reachable, else from
+//! the static config; cleanup still runs. Repeated DELs succeed at once.
 //!
 //! When a delegate DEL fails the plan is kept and the error returned, so the runtime's retry
 //! runs the same plan again. With `retryDeleteOnError` (Multus' name) that goes on until it
 //! succeeds; without it plexus gives up after [`MAX_DEL_ATTEMPTS`] failed attempts, logs what
 //! is left, and reports success so a broken delegate cannot keep a pod in Terminating forever.
+//!
+//! A state directory that cannot be written never stops the cleanup: DEL reads the plan and
+//! runs the delegates without its lock, then reports the I/O failure (code 5).
 
 use crate::add::{fetch_nads, fetch_pod};
 use crate::attach;
@@ -15,11 +19,29 @@ use crate::planner;
 use crate::pod::PodIdentity;
 use crate::state::SavedPlan;
 use plexus_conf::args::CniArgs;
-use plexus_conf::error::CniError;
+use plexus_conf::error::{code, CniError};
+use plexus_delegates::cache::CachedAttachment;
+use plexus_delegates::netns::NetNs;
 use plexus_delegates::skel::CmdArgs;
 
 /// Failed DEL attempts after which plexus stops retrying (without `retryDeleteOnError`).
 pub const MAX_DEL_ATTEMPTS: u32 = 3;
+
+/// Whether `netns` names a network namespace that can be entered now.
+fn usable(netns: &str) -> bool {
+    !netns.is_empty() && NetNs::open(netns).is_ok()
+}
+
+/// The namespace DEL works in: the runtime's when it gave one, else the one recorded at ADD
+/// while it still exists (the runtime's later DELs carry an empty `CNI_NETNS`, and may run
+/// before the one that carries it).
+fn pick_netns(given: &str, recorded: &str) -> String {
+    if !given.is_empty() || !usable(recorded) {
+        given.to_string()
+    } else {
+        recorded.to_string()
+    }
+}
 
 /// Run DEL.
 pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
@@ -29,13 +51,29 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
         .as_ref()
         .map(|p| format!("pod {}", p.key()))
         .unwrap_or_else(|| format!("container {}", args.container_id));
-    if ctx.store.deleted(&args.container_id, &args.ifname) {
+    let has_netns = usable(&args.netns);
+    if ctx
+        .store
+        .deleted(&args.container_id, &args.ifname, has_netns)
+    {
         tracing::debug!(container = %args.container_id, "already deleted");
         return Ok(());
     }
-    let lock = ctx.store.lock(&args.container_id)?;
+    // The lock serialises this DEL with ADD, GC and the runtime's other DELs; a state
+    // directory where it cannot be created must not stop the cleanup.
+    let lock = match ctx.store.lock(&args.container_id) {
+        Ok(l) => Some(l),
+        Err(e) if e.code == code::IO_FAILURE => {
+            tracing::error!(error = %e, "DEL continues without the plexus lock");
+            None
+        }
+        Err(e) => return Err(e),
+    };
     // Another DEL may have finished while this one waited for the lock.
-    if ctx.store.deleted(&args.container_id, &args.ifname) {
+    if ctx
+        .store
+        .deleted(&args.container_id, &args.ifname, has_netns)
+    {
         return Ok(());
     }
     let saved = match ctx.store.load(&args.container_id, &args.ifname) {
@@ -45,50 +83,166 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
             None
         }
     };
-    let mut record = match saved {
-        Some(s) => s,
-        None => match rebuild(ctx, args, &cni_args, id.as_ref(), &label) {
-            Ok(p) => SavedPlan::new(&args.container_id, &args.ifname, &args.netns, id.clone(), p),
-            Err(e) => {
-                // Nothing is known about this container's networks: nothing to undo.
-                tracing::warn!(error = %e, "no attachment plan and none can be rebuilt; nothing to delete");
+    let (mut record, netns) = match saved {
+        Some(s) => {
+            let netns = pick_netns(&args.netns, &s.netns);
+            (s, netns)
+        }
+        None => {
+            let cached = ctx
+                .runtime
+                .cache
+                .as_ref()
+                .map(|c| c.list_container(&args.container_id))
+                .unwrap_or_default();
+            let rebuilt = rebuild(ctx, args, &cni_args, id.as_ref(), &label).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot rebuild the attachment plan");
+                Vec::new()
+            });
+            let attachments = merge(&args.ifname, &cached, rebuilt);
+            let recorded = cached
+                .iter()
+                .map(|c| c.netns.as_str())
+                .find(|n| !n.is_empty())
+                .unwrap_or("");
+            let netns = pick_netns(&args.netns, recorded);
+            if attachments.is_empty() {
+                tracing::warn!("no attachment plan, no cached results and none can be rebuilt: nothing to delete");
                 ctx.store.finish_delete(&args.container_id, &args.ifname);
-                drop(lock);
                 return Ok(());
             }
-        },
+            let record = SavedPlan::new(
+                &args.container_id,
+                &args.ifname,
+                recorded,
+                id.clone(),
+                attachments,
+            );
+            (record, netns)
+        }
     };
+    // With no namespace at all (none given, none recorded) the pod's interfaces, if any, were
+    // out of reach: later DELs that carry a namespace must still run.
+    let reached_everything = !netns.is_empty() || !record.netns.is_empty();
     match attach::del_all(
         &ctx.runtime,
         &record.attachments,
         &args.container_id,
-        &args.netns,
+        &netns,
         &label,
     ) {
-        Ok(()) => {
-            ctx.store.remove(&args.container_id, &args.ifname)?;
-            ctx.store.finish_delete(&args.container_id, &args.ifname);
-            drop(lock);
-            Ok(())
-        }
+        Ok(()) => finish(ctx, args, &label, reached_everything),
         Err(e) => {
             record.del_failures += 1;
             if !ctx.config.retry_delete_on_error && record.del_failures >= MAX_DEL_ATTEMPTS {
                 tracing::error!(error = %e, attempts = record.del_failures,
                     "DEL keeps failing; giving up: what the failing delegates hold may be left behind");
                 attach::forget_results(&ctx.runtime, &record.attachments, &args.container_id);
-                ctx.store.remove(&args.container_id, &args.ifname)?;
-                ctx.store.finish_delete(&args.container_id, &args.ifname);
-                return Ok(());
+                return finish(ctx, args, &label, true);
             }
-            ctx.store.save(&record)?;
+            if let Err(save) = ctx.store.save(&record) {
+                tracing::error!(error = %save, "cannot record the failed DEL attempt");
+            }
+            drop(lock);
             Err(e)
         }
     }
 }
 
+/// After every delegate DEL succeeded: drop the plan and leave a tombstone, but only when
+/// nothing known is left (no plan, no cached result); otherwise report the I/O failure so the
+/// runtime retries once the state directory is fixed.
+fn finish(
+    ctx: &mut Ctx,
+    args: &CmdArgs,
+    label: &str,
+    reached_everything: bool,
+) -> Result<(), CniError> {
+    let removed = ctx.store.remove(&args.container_id, &args.ifname);
+    let left: Vec<String> = ctx
+        .runtime
+        .cache
+        .as_ref()
+        .map(|c| c.list_container(&args.container_id))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| format!("{} ({})", c.network_name, c.if_name))
+        .collect();
+    if let Err(e) = removed {
+        return Err(CniError::new(
+            code::IO_FAILURE,
+            format!("{label}: networks deleted, but plexus cannot remove its plan"),
+            e.details,
+        ));
+    }
+    if !left.is_empty() {
+        return Err(CniError::new(
+            code::IO_FAILURE,
+            format!("{label}: networks deleted, but plexus cannot remove their cached results"),
+            format!(
+                "left in {}/results: {}",
+                ctx.config.cni_dir,
+                left.join(", ")
+            ),
+        ));
+    }
+    if reached_everything {
+        ctx.store.finish_delete(&args.container_id, &args.ifname);
+    } else {
+        ctx.store
+            .finish_delete_without_netns(&args.container_id, &args.ifname);
+    }
+    Ok(())
+}
+
+/// The attachments to DEL without a saved plan: every network in the result cache (exactly as
+/// it was added), then those of the rebuilt plan the cache does not cover (a network whose ADD
+/// failed before caching still holds an IPAM lease). The default interface comes first, so it
+/// is deleted last, as after ADD.
+fn merge(
+    ifname: &str,
+    cached: &[CachedAttachment],
+    rebuilt: Vec<PlannedAttachment>,
+) -> Vec<PlannedAttachment> {
+    let mut out: Vec<PlannedAttachment> = cached.iter().filter_map(from_cache).collect();
+    out.sort_by_key(|a| a.ifname != ifname);
+    for a in &mut out {
+        a.is_default = a.ifname == ifname;
+    }
+    for r in rebuilt {
+        if !out.iter().any(|a| a.ifname == r.ifname) {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// A cached result entry as an attachment to DEL.
+fn from_cache(c: &CachedAttachment) -> Option<PlannedAttachment> {
+    let config = c
+        .config_bytes()
+        .and_then(|b| serde_json::from_slice(&b).ok())?;
+    let mut args = CniArgs::default();
+    for [k, v] in &c.cni_args {
+        args.set(k, v);
+    }
+    Some(PlannedAttachment {
+        network: c.network_name.clone(),
+        ifname: c.if_name.clone(),
+        is_default: false,
+        config,
+        capability_args: c.capability_args.clone(),
+        cni_args: args.render(),
+        default_route: Vec::new(),
+        filter_v4: false,
+        filter_v6: false,
+    })
+}
+
 /// Rebuild a plan without a saved one: from the pod and NADs if the API answers quickly, else
-/// from the static config only (the default network and static delegates).
+/// from the static config only (the default network and static delegates). Networks whose
+/// plugin is not installed are left out: they cannot be deleted, and an ADD could not have run
+/// them either.
 fn rebuild(
     ctx: &mut Ctx,
     args: &CmdArgs,
@@ -109,7 +263,7 @@ fn rebuild(
         pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
     );
     let nads = fetch_nads(ctx, client.as_ref(), &refs, label).unwrap_or_default();
-    match planner::make_plan(
+    let plan = match planner::make_plan(
         &ctx.config,
         &args.ifname,
         cni_args,
@@ -118,7 +272,7 @@ fn rebuild(
         &nads,
         None,
     ) {
-        Ok(p) => Ok(p),
+        Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "cannot rebuild the pod's extra networks; deleting the default network only");
             let fallback = planner::Requests {
@@ -133,7 +287,97 @@ fn rebuild(
                 &fallback,
                 &nads,
                 None,
-            )
+            )?
         }
+    };
+    Ok(plan
+        .into_iter()
+        .filter(|a| match attach::validate_plugins(&ctx.runtime, std::slice::from_ref(a), label) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "not deleting a network whose plugin is not installed");
+                false
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cached(network: &str, ifname: &str) -> CachedAttachment {
+        CachedAttachment {
+            kind: "cniCacheV1".into(),
+            container_id: "c1".into(),
+            config: CachedAttachment::encode_config(
+                json!({"cniVersion":"1.0.0","name":network,"type":"macvlan"})
+                    .to_string()
+                    .as_bytes(),
+            ),
+            if_name: ifname.into(),
+            network_name: network.into(),
+            netns: "/run/netns/gone".into(),
+            cni_args: vec![["K8S_POD_NAME".into(), "p".into()]],
+            capability_args: Default::default(),
+            result: None,
+        }
+    }
+
+    #[test]
+    fn cached_networks_are_deleted_with_their_own_config_default_last() {
+        let rebuilt = vec![
+            PlannedAttachment {
+                network: "cbr0".into(),
+                ifname: "eth0".into(),
+                is_default: true,
+                config: json!({"name":"cbr0","type":"bridge"}),
+                capability_args: Default::default(),
+                cni_args: String::new(),
+                default_route: vec![],
+                filter_v4: false,
+                filter_v6: false,
+            },
+            PlannedAttachment {
+                network: "ns/extra".into(),
+                ifname: "net2".into(),
+                is_default: false,
+                config: json!({"name":"extra","type":"bridge"}),
+                capability_args: Default::default(),
+                cni_args: String::new(),
+                default_route: vec![],
+                filter_v4: false,
+                filter_v6: false,
+            },
+        ];
+        let plan = merge(
+            "eth0",
+            &[cached("macvlan-conf", "net1"), cached("cbr0", "eth0")],
+            rebuilt,
+        );
+        let names: Vec<(&str, &str, bool)> = plan
+            .iter()
+            .map(|a| (a.network.as_str(), a.ifname.as_str(), a.is_default))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("cbr0", "eth0", true),
+                ("macvlan-conf", "net1", false),
+                ("ns/extra", "net2", false)
+            ]
+        );
+        // The cached entry's config and CNI_ARGS are what DEL runs.
+        assert_eq!(plan[1].config["type"], "macvlan");
+        assert_eq!(plan[1].cni_args, "K8S_POD_NAME=p");
+    }
+
+    #[test]
+    fn an_empty_netns_falls_back_to_the_recorded_one_only_while_it_exists() {
+        assert_eq!(pick_netns("/run/netns/given", "/proc/self/ns/net"), "/run/netns/given");
+        assert_eq!(pick_netns("", "/proc/self/ns/net"), "/proc/self/ns/net");
+        assert_eq!(pick_netns("", "/run/netns/plexus-never-existed"), "");
+        assert_eq!(pick_netns("", ""), "");
     }
 }

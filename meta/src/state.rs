@@ -12,6 +12,9 @@ use std::time::Duration;
 
 const KIND: &str = "plexusPlanV1";
 
+/// Tombstone content of a DEL that ran without any network namespace.
+const NETNS_UNKNOWN: &[u8] = b"netns-unknown";
+
 /// The saved plan of one container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -79,10 +82,17 @@ impl PlanStore {
     pub fn lock(&self, container_id: &str) -> Result<FileLock, CniError> {
         let p = self.dir.join("locks").join(format!("{container_id}.lock"));
         FileLock::acquire(&p, Duration::from_secs(120)).map_err(|e| {
+            // Another call holding the lock is worth a retry; a state directory that cannot
+            // be written is an I/O failure that retrying will not fix.
+            let c = if e.kind() == std::io::ErrorKind::TimedOut {
+                code::TRY_AGAIN_LATER
+            } else {
+                code::IO_FAILURE
+            };
             CniError::new(
-                code::TRY_AGAIN_LATER,
+                c,
                 format!("container {container_id}: cannot take the plexus lock"),
-                e.to_string(),
+                format!("{}: {e}", p.display()),
             )
         })
     }
@@ -135,16 +145,30 @@ impl PlanStore {
         })
     }
 
+    fn tombstone(&self, container_id: &str, ifname: &str) -> PathBuf {
+        self.dir
+            .join("tombstones")
+            .join(format!("{container_id}-{ifname}"))
+    }
+
     /// After a complete DEL, called while still holding the container lock: leave a tombstone,
     /// so that the runtime's repeated DELs (typically two more, with an empty netns) return at
     /// once, then unlink the lock file (lockers verify the path still names the file they
     /// locked). Tombstones older than an hour are swept on each call.
     pub fn finish_delete(&self, container_id: &str, ifname: &str) {
-        let t = self
-            .dir
-            .join("tombstones")
-            .join(format!("{container_id}-{ifname}"));
-        if let Err(e) = fsutil::write_atomic_nosync(&t, b"", 0o600) {
+        self.write_tombstone(container_id, ifname, b"");
+    }
+
+    /// Like [`PlanStore::finish_delete`] for a DEL that knew no network namespace: whatever
+    /// its delegates held outside the pod is released, but interfaces may still live in a
+    /// namespace it never saw, so only later DELs without a usable netns are skipped.
+    pub fn finish_delete_without_netns(&self, container_id: &str, ifname: &str) {
+        self.write_tombstone(container_id, ifname, NETNS_UNKNOWN);
+    }
+
+    fn write_tombstone(&self, container_id: &str, ifname: &str, content: &[u8]) {
+        let t = self.tombstone(container_id, ifname);
+        if let Err(e) = fsutil::write_atomic_nosync(&t, content, 0o600) {
             tracing::warn!(error = %e, "cannot write DEL tombstone");
         }
         let _ =
@@ -152,12 +176,13 @@ impl PlanStore {
         self.sweep_tombstones(Duration::from_secs(3600));
     }
 
-    /// Whether a complete DEL already happened for this attachment.
-    pub fn deleted(&self, container_id: &str, ifname: &str) -> bool {
-        self.dir
-            .join("tombstones")
-            .join(format!("{container_id}-{ifname}"))
-            .exists()
+    /// Whether a DEL already did everything a DEL with (`has_netns`) or without a usable
+    /// network namespace could do for this attachment.
+    pub fn deleted(&self, container_id: &str, ifname: &str, has_netns: bool) -> bool {
+        match std::fs::read(self.tombstone(container_id, ifname)) {
+            Ok(content) => content.is_empty() || !has_netns,
+            Err(_) => false,
+        }
     }
 
     /// Forget a tombstone (a new ADD for the same container).
@@ -224,5 +249,30 @@ mod tests {
         assert!(s.load("c1", "eth0").unwrap().is_none());
         std::fs::write(t.path().join("plans/c2-eth0.json"), b"{trunc").unwrap();
         assert_eq!(s.load("c2", "eth0").unwrap_err().code, 6);
+    }
+
+    #[test]
+    fn a_delete_without_netns_does_not_stop_one_with_a_netns() {
+        let t = tempfile::tempdir().unwrap();
+        let s = PlanStore::new(t.path());
+        assert!(!s.deleted("c1", "eth0", false));
+        s.finish_delete_without_netns("c1", "eth0");
+        assert!(s.deleted("c1", "eth0", false));
+        assert!(!s.deleted("c1", "eth0", true));
+        s.finish_delete("c1", "eth0");
+        assert!(s.deleted("c1", "eth0", true));
+        s.clear_tombstone("c1", "eth0");
+        assert!(!s.deleted("c1", "eth0", false));
+    }
+
+    #[test]
+    fn an_unwritable_state_dir_is_an_io_failure_not_a_retry() {
+        let t = tempfile::tempdir().unwrap();
+        // A regular file where the state directory should be: nothing can be created in it.
+        let blocked = t.path().join("not-a-dir");
+        std::fs::write(&blocked, b"").unwrap();
+        let e = PlanStore::new(&blocked).lock("c1").unwrap_err();
+        assert_eq!(e.code, code::IO_FAILURE, "{e}");
+        assert!(e.details.contains("not-a-dir"), "{e}");
     }
 }

@@ -41,9 +41,29 @@ const SRIOV_KEYS: &[&str] = &[
     "logLevel",
     "logFile",
     "mtu",
-    // Historical sriov-cni key (the PF name, now found through sysfs): accepted and ignored so
-    // old NADs keep working.
+    // sriov-cni fields without a JSON tag, which Go matches by field name: the PF name (found
+    // through sysfs here) and the VF index (the deviceID decides). Accepted and ignored.
     "master",
+    "VFID",
+];
+
+/// Keys sriov-cni defines (or defined, so old NADs and its own test configs carry them) that
+/// plexus' sriov accepts and ignores: `vf` (its unit-test configs), the internal state fields
+/// Go would decode from stdin (`OrigVfState`, `ContIFNames`, `HostIFNames`, `DPDKMode`), and
+/// fields removed upstream (`dpdk`, `cniDir`, `l2enable`, `sharedvf`, `if0name`,
+/// `vlan_trunk`). Only their presence is allowed; their values are never read.
+const IGNORED_SRIOV_CNI_KEYS: &[&str] = &[
+    "vf",
+    "OrigVfState",
+    "ContIFNames",
+    "HostIFNames",
+    "DPDKMode",
+    "dpdk",
+    "cniDir",
+    "l2enable",
+    "sharedvf",
+    "if0name",
+    "vlan_trunk",
 ];
 
 /// VLAN settings for the VF.
@@ -124,6 +144,13 @@ fn squash(s: &str) -> String {
 /// key and, when it only differs by case, `-` or `_`, suggests the known one.
 fn canonical_key(key: &str) -> Result<Option<&'static str>, SriovError> {
     if key.starts_with("cni.dev/") {
+        return Ok(None);
+    }
+    if IGNORED_SRIOV_CNI_KEYS
+        .iter()
+        .any(|k| k.eq_ignore_ascii_case(key))
+    {
+        tracing::debug!(key, "sriov-cni key accepted and ignored");
         return Ok(None);
     }
     for k in STANDARD_KEYS.iter().chain(SRIOV_KEYS) {

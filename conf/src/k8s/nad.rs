@@ -65,7 +65,8 @@ pub fn find_by_name(name: &str, files: &[(String, Vec<u8>)]) -> Option<NetConfLi
                 continue;
             }
             if let Ok(l) = NetConfList::parse(bytes) {
-                if l.name == name {
+                // A file without a name cannot be looked up by one (as in Multus).
+                if !l.name_derived && l.name == name {
                     return Some(l);
                 }
             }

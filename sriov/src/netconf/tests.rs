@@ -234,6 +234,30 @@ fn sriov_cni_documented_nad_parses_unchanged() {
 }
 
 #[test]
+fn every_key_sriov_cni_defines_is_accepted() {
+    // sriov-cni's own unit-test configs carry `vf`; Go also decodes its untagged fields
+    // (`VFID`, `Master`, `MAC`, `MTU`, `OrigVfState`…) case-insensitively from stdin.
+    for extra in [
+        r#","vf":0"#,
+        r#","VFID":3"#,
+        r#","vfid":3"#,
+        r#","Master":"ens785f0""#,
+        r#","OrigVfState":{"HostIFName":"ens785f0v0"}"#,
+        r#","ContIFNames":"net1""#,
+        r#","DPDKMode":true"#,
+        r#","vlan_trunk":"10-20""#,
+        r#","dpdk":{},"cniDir":"/var/lib/cni/sriov","l2enable":true,"sharedvf":false,"if0name":"net0""#,
+    ] {
+        let c = parse_ok(extra);
+        // Accepted, never used: the VF is the one deviceID names.
+        assert_eq!(c.device_id.as_deref(), Some("0000:03:02.3"), "{extra}");
+    }
+    // A key sriov-cni does not know is still an error, with a suggestion for near misses.
+    assert!(parse_err(r#","vf_id":0"#).contains("unknown key \"vf_id\""));
+    assert!(parse_err(r#","max-tx-rate":10"#).contains("did you mean \"max_tx_rate\""));
+}
+
+#[test]
 fn gc_valid_attachments_are_read() {
     let c = br#"{"cniVersion":"1.1.0","name":"n","type":"sriov",
       "cni.dev/valid-attachments":[{"containerID":"c1","ifname":"net1"}]}"#;
