@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod fake_kubelet;
+pub mod realk8s;
 
 pub use apiserver::{
     Access, ApiServerError, RequestMatcher, RequestRecord, TestApiServer, TestApiServerOptions,

@@ -31,7 +31,7 @@ mod auth;
 mod discovery;
 mod faults;
 mod handlers;
-mod kubeconfig;
+pub(crate) mod kubeconfig;
 mod log;
 mod patch;
 mod resources;

@@ -1,0 +1,121 @@
+//! Finding the Kubernetes binaries: `PLEXUS_K8S_BIN` names a directory with `kube-apiserver`
+//! and `kubelet`, plain or `.xz`-compressed. Compressed ones are unpacked once into a cache
+//! under the workspace's target directory, keyed by the checksum of the `.xz` file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// Env var naming the directory with `kube-apiserver` and `kubelet`.
+pub const BIN_ENV: &str = "PLEXUS_K8S_BIN";
+/// Env var that turns "binaries missing" from a skip into a failure (CI sets it to `1`).
+pub const REQUIRE_ENV: &str = "PLEXUS_K8S_REQUIRE";
+
+/// The message printed when the tier is skipped.
+pub fn skip_message() -> String {
+    format!("real-cluster tier SKIPPED: set {BIN_ENV}=<dir with kube-apiserver and kubelet>")
+}
+
+/// Whether `PLEXUS_K8S_REQUIRE` asks for a failure instead of a skip.
+pub fn required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Paths of the usable (unpacked, executable) binaries.
+#[derive(Clone, Debug)]
+pub struct K8sBins {
+    /// `kube-apiserver`
+    pub apiserver: PathBuf,
+    /// `kubelet`
+    pub kubelet: PathBuf,
+}
+
+impl K8sBins {
+    /// `Ok(None)` when `PLEXUS_K8S_BIN` is unset or does not hold both binaries (the caller
+    /// skips); an error when they are there but cannot be unpacked.
+    pub fn from_env() -> Result<Option<K8sBins>> {
+        let Some(dir) = std::env::var_os(BIN_ENV).filter(|d| !d.is_empty()) else {
+            return Ok(None);
+        };
+        let dir = PathBuf::from(dir);
+        let (Some(apiserver), Some(kubelet)) =
+            (find(&dir, "kube-apiserver"), find(&dir, "kubelet"))
+        else {
+            return Ok(None);
+        };
+        Ok(Some(K8sBins {
+            apiserver: usable(&apiserver)?,
+            kubelet: usable(&kubelet)?,
+        }))
+    }
+}
+
+/// `dir/name` or `dir/name.xz`, whichever exists (plain first).
+fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+    [dir.join(name), dir.join(format!("{name}.xz"))]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// The workspace's target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("workspace root")
+                .join("target")
+        })
+}
+
+/// A plain binary as is; an `.xz` one unpacked into `target/k8s-bin/<sha256 prefix>/`.
+fn usable(path: &Path) -> Result<PathBuf> {
+    if path.extension().is_none_or(|e| e != "xz") {
+        return Ok(path.to_path_buf());
+    }
+    let sum = sha256(path)?;
+    let name = path.file_stem().context("binary name")?;
+    let cache = target_dir().join("k8s-bin").join(&sum[..16]);
+    let out = cache.join(name);
+    if out.is_file() {
+        return Ok(out);
+    }
+    std::fs::create_dir_all(&cache)?;
+    // Unpack beside the final name, then rename: a concurrent run never sees half a binary.
+    let tmp = cache.join(format!(
+        ".{}.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let file = std::fs::File::create(&tmp)?;
+    let ok = Command::new("xz")
+        .arg("-dc")
+        .arg(path)
+        .stdout(file)
+        .status()
+        .context("run xz")?
+        .success();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+        bail!("xz -dc {} failed", path.display());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, &out)?;
+    Ok(out)
+}
+
+/// Hex SHA-256 of a file (`sha256sum`).
+fn sha256(path: &Path) -> Result<String> {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .context("run sha256sum")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.split_whitespace().next() {
+        Some(sum) if out.status.success() && sum.len() == 64 => Ok(sum.to_string()),
+        _ => bail!("sha256sum {}: {text}", path.display()),
+    }
+}

@@ -1,0 +1,102 @@
+//! Running the cases of a `harness = false` test target one after the other: each case is
+//! reported, a panic or error fails that case only, and [`Suite::finish`] gives the exit code.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use super::bins::{self, K8sBins};
+
+/// The binaries, or `None` after printing the skip message. Panics (the target fails) when
+/// they are missing and `PLEXUS_K8S_REQUIRE` is set, or cannot be unpacked.
+pub fn bins_or_skip() -> Option<K8sBins> {
+    match K8sBins::from_env() {
+        Ok(Some(b)) => Some(b),
+        Ok(None) if bins::required() => panic!(
+            "{} is set but {}={:?} does not hold kube-apiserver and kubelet",
+            bins::REQUIRE_ENV,
+            bins::BIN_ENV,
+            std::env::var_os(bins::BIN_ENV).unwrap_or_default()
+        ),
+        Ok(None) => {
+            eprintln!("{}", bins::skip_message());
+            None
+        }
+        Err(e) => panic!("Kubernetes binaries: {e:#}"),
+    }
+}
+
+/// Sequential cases with a summary.
+pub struct Suite {
+    name: String,
+    filter: Option<String>,
+    passed: Vec<String>,
+    failed: Vec<String>,
+}
+
+impl Suite {
+    /// A suite; the first non-flag command-line argument filters cases by substring (as
+    /// `cargo test --test X -- NAME` does for libtest targets).
+    pub fn new(name: &str) -> Suite {
+        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+        Suite {
+            name: name.to_string(),
+            filter,
+            passed: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+
+    /// Whether case `name` is selected by the filter.
+    pub fn selected(&self, name: &str) -> bool {
+        self.filter.as_deref().is_none_or(|f| name.contains(f))
+    }
+
+    /// Run one case; an `Err` or a panic fails it.
+    pub fn case(&mut self, name: &str, f: impl FnOnce() -> anyhow::Result<()>) {
+        if !self.selected(name) {
+            return;
+        }
+        println!("test {} ... ", name);
+        let t0 = Instant::now();
+        let res = catch_unwind(AssertUnwindSafe(f));
+        let secs = t0.elapsed().as_secs_f64();
+        match res {
+            Ok(Ok(())) => {
+                println!("test {name} ... ok ({secs:.2} s)");
+                self.passed.push(name.to_string());
+            }
+            Ok(Err(e)) => {
+                println!("test {name} ... FAILED ({secs:.2} s): {e:#}");
+                self.failed.push(name.to_string());
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED ({secs:.2} s): panicked (see above)");
+                self.failed.push(name.to_string());
+            }
+        }
+    }
+
+    /// Whether any case failed so far.
+    pub fn any_failed(&self) -> bool {
+        !self.failed.is_empty()
+    }
+
+    /// Print the summary; failure when any case failed.
+    pub fn finish(self) -> ExitCode {
+        println!(
+            "\n{}: {} passed, {} failed",
+            self.name,
+            self.passed.len(),
+            self.failed.len()
+        );
+        for f in &self.failed {
+            println!("    FAILED: {f}");
+        }
+        if self.failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
