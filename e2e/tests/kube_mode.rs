@@ -82,8 +82,19 @@ impl Node {
     }
 
     fn call(&self, command: &str, cid: &str, netns: &str, args: &str) -> Run {
+        self.call_with(&bin("plexus"), command, cid, netns, args)
+    }
+
+    fn call_with(
+        &self,
+        binary: &std::path::Path,
+        command: &str,
+        cid: &str,
+        netns: &str,
+        args: &str,
+    ) -> Run {
         run(
-            &bin("plexus"),
+            binary,
             &Call {
                 command,
                 container_id: cid,
@@ -396,6 +407,10 @@ fn del_survives_every_fault() {
         "nad-gone",
         "netns-gone",
         "cache-missing",
+        "plan-lost-api-down",
+        "plan-corrupt-pod-gone",
+        "empty-netns-first",
+        "state-read-only",
     ] {
         let ns = Netns::new();
         let pod = format!("f-{fault}");
@@ -413,6 +428,33 @@ fn del_survives_every_fault() {
                 netns = String::new();
             }
             "cache-missing" => std::fs::remove_dir_all(node.path("state/plans")).unwrap(),
+            // Without a plan and without the API, only the result cache knows about net1.
+            "plan-lost-api-down" => {
+                std::fs::remove_dir_all(node.path("state/plans")).unwrap();
+                node.api.down();
+            }
+            "plan-corrupt-pod-gone" => {
+                std::fs::write(
+                    node.path(&format!("state/plans/{cid}-eth0.json")),
+                    b"{trunc",
+                )
+                .unwrap();
+                assert!(node.api.delete_pod("db", &pod));
+            }
+            "empty-netns-first" => {
+                node.call("DEL", &cid, "", &args).ok();
+                assert_eq!(ns.links(), vec!["lo"], "{fault}");
+            }
+            "state-read-only" => {
+                let ro = with_read_only_dir(node.dir.path(), &bin("plexus"), &node.path("state"));
+                let e = node
+                    .call_with(&ro, "DEL", &cid, &netns, &args)
+                    .err()
+                    .clone();
+                assert_eq!(e["code"], 5, "{fault}: {e}");
+                assert!(e["msg"].as_str().unwrap().contains(&pod), "{fault}: {e}");
+                assert_eq!(ns.links(), vec!["lo"], "{fault}: cleanup ran");
+            }
             _ => unreachable!(),
         }
         node.call("DEL", &cid, &netns, &args).ok();
@@ -428,8 +470,11 @@ fn del_survives_every_fault() {
         if fault != "netns-gone" {
             assert_eq!(ns.links(), vec!["lo"], "{fault}");
         }
-        if fault == "api-down" {
+        if fault == "api-down" || fault == "plan-lost-api-down" {
             node.api.up().unwrap();
+        }
+        if fault == "plan-corrupt-pod-gone" {
+            node.pod("db", &pod, json!({NETWORKS: "mv"}));
         }
         if fault == "nad-gone" {
             node.macvlan_nad("db", "mv", node.host_local("10.137.0.0/24"));

@@ -305,3 +305,140 @@ fn failing_delegate_del_is_retried_then_given_up() {
 fn super_max() -> u32 {
     3
 }
+
+#[test]
+fn multus_thin_config_with_nameless_delegates_works_unchanged() {
+    // As Multus accepts it: delegates without "name". Each is known by its first plugin's type.
+    let s = Setup::new();
+    let ns = Netns::new();
+    let mut cfg = s.config("1.0.0", vec![]);
+    let bridge = HostLink::bridge_name();
+    cfg["delegates"] = json!([
+        {"cniVersion":"1.0.0","type":"bridge","bridge":bridge.0,"isGateway":true,
+         "ipam":{"type":"host-local","dataDir":s.p("ipam"),"ranges":[[{"subnet":"10.143.0.0/24"}]]}},
+        {"cniVersion":"1.0.0","type":"macvlan","master":s.master.0,"mode":"bridge",
+         "ipam":{"type":"host-local","dataDir":s.p("ipam"),"ranges":[[{"subnet":"10.144.0.0/24"}]]}}
+    ]);
+    let out = s.call("ADD", &ns.path(), &cfg).ok().clone();
+    assert!(
+        out["ips"][0]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("10.143.0."),
+        "{out}"
+    );
+    let mut links = ns.links();
+    links.sort();
+    assert_eq!(links, vec!["eth0", "lo", "net1"]);
+    // host-local keeps its leases under the derived network name.
+    let mut left = s.leftovers();
+    left.retain(|f| !f.starts_with("plans/"));
+    assert!(
+        left.contains(&"results/bridge-static-1-eth0".to_string()),
+        "{left:?}"
+    );
+    assert!(
+        left.contains(&"results/macvlan-static-1-net1".to_string()),
+        "{left:?}"
+    );
+    assert!(
+        left.iter().any(|f| f.starts_with("bridge/10.143.0.")),
+        "{left:?}"
+    );
+    s.call("CHECK", &ns.path(), &cfg).ok();
+    s.call("DEL", &ns.path(), &cfg).ok();
+    assert_eq!(ns.links(), vec!["lo"]);
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+#[test]
+fn del_after_an_add_that_ran_nothing_succeeds_at_once_and_leaves_nothing() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    let cfg = s.config(
+        "1.0.0",
+        vec![json!({"cniVersion":"1.0.0","name":"gone","type":"not-installed"})],
+    );
+    let e = s.call("ADD", &ns.path(), &cfg).err().clone();
+    assert_eq!(e["code"], 7, "{e}");
+    assert_eq!(ns.links(), vec!["lo"]);
+    // The runtime's DELs: the first one already succeeds, with and without a netns.
+    s.call("DEL", &ns.path(), &cfg).ok();
+    s.call("DEL", "", &cfg).ok();
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+    assert!(
+        !s.dir.path().join("state/locks/static-1.lock").exists(),
+        "lock file left"
+    );
+}
+
+#[test]
+fn an_empty_netns_del_before_the_netns_del_still_removes_the_links() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    let cfg = s.config("1.0.0", vec![]);
+    s.call("ADD", &ns.path(), &cfg).ok();
+    // The runtime's empty-netns DEL wins the race: plexus uses the netns recorded at ADD.
+    s.call("DEL", "", &cfg).ok();
+    assert_eq!(ns.links(), vec!["lo"]);
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+    s.call("DEL", &ns.path(), &cfg).ok();
+}
+
+#[test]
+fn a_del_that_knew_no_netns_does_not_stop_the_one_that_has_it() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    let cfg = s.config("1.0.0", vec![]);
+    s.call("ADD", &ns.path(), &cfg).ok();
+    // Every record of the container is lost: the empty-netns DEL can only release IPAM.
+    std::fs::remove_dir_all(s.dir.path().join("state")).unwrap();
+    s.call("DEL", "", &cfg).ok();
+    assert_eq!(ns.links().len(), 4, "out of reach without a netns");
+    s.call("DEL", &ns.path(), &cfg).ok();
+    assert_eq!(ns.links(), vec!["lo"]);
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+#[test]
+fn an_unwritable_state_dir_is_code_5_and_del_still_cleans_up() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    let cfg = s.config("1.0.0", vec![]);
+    std::fs::create_dir_all(s.p("state")).unwrap();
+    let ro = with_read_only_dir(s.dir.path(), &bin("plexus"), &s.dir.path().join("state"));
+    let call_ro = |command: &str, netns: &str| {
+        run(
+            &ro,
+            &Call {
+                command,
+                container_id: "static-1",
+                netns,
+                ifname: "eth0",
+                args: "",
+            },
+            &cfg,
+            &[],
+        )
+    };
+    let e = call_ro("ADD", &ns.path()).err().clone();
+    assert_eq!(e["code"], 5, "{e}");
+    assert_eq!(ns.links(), vec!["lo"]);
+    // A successful ADD, then the state dir turns read-only: DEL runs every delegate and
+    // reports that it could not clear its own files.
+    s.call("ADD", &ns.path(), &cfg).ok();
+    let e = call_ro("DEL", &ns.path()).err().clone();
+    assert_eq!(e["code"], 5, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("networks deleted"),
+        "{e}"
+    );
+    assert_eq!(ns.links(), vec!["lo"], "links removed");
+    assert!(
+        files_under(&s.dir.path().join("ipam")).is_empty(),
+        "leases released"
+    );
+    // Once the directory is writable again the runtime's retry finishes the bookkeeping.
+    s.call("DEL", "", &cfg).ok();
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}

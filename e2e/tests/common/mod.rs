@@ -269,3 +269,19 @@ pub fn flannel_like(bridge: &str, subnet_octet: u8, ipam_dir: &Path) -> Value {
         {"type":"bridge","bridge":bridge,"isGateway":true,"isDefaultGateway":true,"ipMasq":false,"hairpinMode":true,
          "ipam":{"type":"host-local","dataDir":ipam_dir,"ranges":[[{"subnet":format!("10.244.{subnet_octet}.0/24")}]],"routes":[{"dst":"10.244.0.0/16","gw":format!("10.244.{subnet_octet}.1")}]}}]})
 }
+
+/// A script that runs `binary` (stdin, environment and all) in a private mount namespace where
+/// `ro_dir` is mounted read-only: the host's view of `ro_dir` never changes, and nothing has to
+/// be undone when a test fails. Written under `script_dir`.
+pub fn with_read_only_dir(script_dir: &Path, binary: &Path, ro_dir: &Path) -> PathBuf {
+    let path = script_dir.join(format!("ro-{}", uniq("w")));
+    let body = format!(
+        "#!/bin/sh\nexec unshare -m --propagation private sh -c 'mount -o bind,ro \"$1\" \"$1\" && exec \"$2\"' ro {} {}\n",
+        ro_dir.display(),
+        binary.display()
+    );
+    std::fs::write(&path, body).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
