@@ -16,8 +16,14 @@ use super::retry::{self, RetryPolicy};
 /// `source.component` and `reportingComponent` of our events.
 pub const EVENT_COMPONENT: &str = "plexus";
 
+/// `action` of our events: every event plexus posts is about a CNI ADD. The apiserver requires
+/// `action`, `reportingComponent` and `reportingInstance` on an Event that carries `eventTime`
+/// (422 `action: Required value` otherwise).
+pub const EVENT_ACTION: &str = "CNIAdd";
+
 /// API limits for core/v1 events that carry `eventTime`.
 const MAX_REASON: usize = 128;
+const MAX_INSTANCE: usize = 128;
 const MAX_MESSAGE: usize = 1024;
 const MAX_NAME: usize = 253;
 
@@ -72,8 +78,17 @@ fn event_name(pod: &str, now: Timestamp) -> String {
         std::process::id() & 0xffff,
         seq & 0xff
     );
-    let pod = truncate(pod, MAX_NAME - 1 - suffix.len());
+    // A cut name must still end with an alphanumeric (DNS-1123 subdomain).
+    let pod = truncate(pod, MAX_NAME - 1 - suffix.len()).trim_end_matches(['-', '.']);
     format!("{pod}.{suffix}")
+}
+
+/// A non-empty `reportingInstance` of at most 128 bytes.
+fn instance_or_default(instance: &str) -> &str {
+    match truncate(instance.trim(), MAX_INSTANCE) {
+        "" => EVENT_COMPONENT,
+        s => s,
+    }
 }
 
 /// Build the Event object (pure; `now` and `instance` are inputs).
@@ -106,8 +121,9 @@ pub fn build_event(
             component: Some(EVENT_COMPONENT.into()),
             host: Some(instance.into()),
         }),
+        action: Some(EVENT_ACTION.into()),
         reporting_component: Some(EVENT_COMPONENT.into()),
-        reporting_instance: Some(truncate(instance, 128).into()),
+        reporting_instance: Some(instance_or_default(instance).into()),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
@@ -189,6 +205,8 @@ mod tests {
         assert_eq!(v["count"], 1);
         assert_eq!(v["source"]["component"], "plexus");
         assert_eq!(v["reportingComponent"], "plexus");
+        // Required by the apiserver on an event with eventTime (issue 7: 422 without it).
+        assert_eq!(v["action"], EVENT_ACTION);
         assert!(v["reportingInstance"]
             .as_str()
             .is_some_and(|s| !s.is_empty()));
@@ -234,5 +252,25 @@ mod tests {
         let m = e.message.unwrap();
         assert!(m.len() <= MAX_MESSAGE && m.len() >= MAX_MESSAGE - 1);
         assert_eq!(e.type_.as_deref(), Some("Warning"));
+    }
+
+    #[test]
+    fn new_style_fields_are_always_set_and_names_stay_dns_subdomains() {
+        let now = Timestamp::now();
+        for instance in ["", "  ", &"n".repeat(300)] {
+            let e = build_event(&pod(), EventType::Normal, "r", "m", instance, now);
+            let inst = e.reporting_instance.unwrap();
+            assert!(!inst.is_empty() && inst.len() <= MAX_INSTANCE, "{inst:?}");
+            assert_eq!(e.action.as_deref(), Some(EVENT_ACTION));
+            assert!(e.event_time.is_some());
+        }
+        // Wherever the cut falls, the kept part of the pod name ends with an alphanumeric.
+        for k in 200..253 {
+            let long = format!("{}-.{}", "a".repeat(k), "b".repeat(40));
+            let name = event_name(&long, now);
+            let (pod, _) = name.rsplit_once('.').unwrap();
+            assert!(name.len() <= MAX_NAME, "{name}");
+            assert!(pod.ends_with(|c: char| c.is_ascii_alphanumeric()), "{name}");
+        }
     }
 }

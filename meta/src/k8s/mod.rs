@@ -31,7 +31,7 @@ mod tls_tests;
 
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
 pub use error::{K8sError, CNI_INVALID_CONFIG, CNI_K8S_FAILURE, CNI_TRY_AGAIN_LATER};
-pub use events::{build_event, EventType, PodRef, EVENT_COMPONENT};
+pub use events::{build_event, EventType, PodRef, EVENT_ACTION, EVENT_COMPONENT};
 pub use nads::{Nad, NadSpec, NetworkAttachmentDefinition, RESOURCE_NAME_ANNOTATION};
 pub use pods::{is_static_pod, CONFIG_SOURCE_ANNOTATION};
 pub use retry::RetryPolicy;
