@@ -246,7 +246,10 @@ fn plan_pod(
     label: &str,
 ) -> Result<Vec<PlannedAttachment>, CniError> {
     let requests = planner::requests(&ctx.config, pod)?;
-    let refs = planner::nad_refs(&requests, pod.map(|p| p.id.namespace.as_str()).unwrap_or(""));
+    let refs = planner::nad_refs(
+        &requests,
+        pod.map(|p| p.id.namespace.as_str()).unwrap_or(""),
+    );
     let nads = fetch_nads(ctx, client, &refs, label)?;
     // Device-plugin networks: ask the kubelet what it allocated, only when a NAD needs it.
     let needs_devices = nads.values().flatten().any(|n| n.resource_name.is_some());

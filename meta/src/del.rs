@@ -375,7 +375,10 @@ mod tests {
 
     #[test]
     fn an_empty_netns_falls_back_to_the_recorded_one_only_while_it_exists() {
-        assert_eq!(pick_netns("/run/netns/given", "/proc/self/ns/net"), "/run/netns/given");
+        assert_eq!(
+            pick_netns("/run/netns/given", "/proc/self/ns/net"),
+            "/run/netns/given"
+        );
         assert_eq!(pick_netns("", "/proc/self/ns/net"), "/proc/self/ns/net");
         assert_eq!(pick_netns("", "/run/netns/plexus-never-existed"), "");
         assert_eq!(pick_netns("", ""), "");
