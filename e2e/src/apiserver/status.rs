@@ -126,6 +126,32 @@ impl ApiError {
         )
     }
 
+    /// 422 with every field error, as the apiserver aggregates them: one error reads
+    /// `Event "x" is invalid: action: Required value`, several `… is invalid: [a: …, b: …]`.
+    /// Each error is (field, cause reason, detail).
+    pub fn invalid_fields(res: Resource, name: &str, errs: &[(&str, &str, String)]) -> ApiError {
+        let texts: Vec<String> = errs.iter().map(|(f, _, d)| format!("{f}: {d}")).collect();
+        let text = match texts.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut d = json!({ "name": name });
+        if !res.group().is_empty() {
+            d["group"] = json!(res.group());
+        }
+        d["kind"] = json!(res.kind());
+        d["causes"] = errs
+            .iter()
+            .map(|(f, r, m)| json!({ "reason": r, "message": m, "field": f }))
+            .collect();
+        ApiError::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {text}", res.qualified_kind()),
+        )
+        .with_details(d)
+    }
+
     /// 422 like [`ApiError::invalid`] but naming the qualified resource instead of the kind
     /// (the storage layer does this for a missing resourceVersion).
     pub fn invalid_as(

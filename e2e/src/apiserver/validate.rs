@@ -1,4 +1,5 @@
-//! Validation the real apiserver applies: object names and pod spec immutability.
+//! Validation the real apiserver applies: object names, pod spec immutability and core/v1
+//! Event fields.
 
 use serde_json::Value;
 
@@ -103,6 +104,66 @@ pub fn pod_spec_update(name: &str, old: &Value, new: &Value) -> Result<(), ApiEr
     ))
 }
 
+/// Length limits of core/v1 Event fields (k8s.io/kubernetes pkg/apis/core/validation/events.go).
+const EVENT_FIELD_MAX: usize = 128;
+const EVENT_NOTE_MAX: usize = 1024;
+
+/// Validates a core/v1 Event on create as the apiserver does (`legacyValidateEvent`): an
+/// event without `eventTime` only needs `involvedObject.namespace` to match; one with
+/// `eventTime` (a "new-style" event) must also carry `reportingComponent`, `reportingInstance`,
+/// `action` and `reason`, within their length limits.
+pub fn core_event(ns: &str, name: &str, ev: &Value) -> Result<(), ApiError> {
+    let s = |k: &str| ev.get(k).and_then(Value::as_str).unwrap_or("");
+    let involved_ns = ev["involvedObject"]["namespace"].as_str().unwrap_or("");
+    let mut errs: Vec<(&str, &str, String)> = Vec::new();
+    let ns_mismatch = (
+        "involvedObject.namespace",
+        "FieldValueInvalid",
+        format!("Invalid value: {involved_ns:?}: does not match event.namespace"),
+    );
+    if s("eventTime").is_empty() {
+        let ok = if involved_ns.is_empty() {
+            ns.is_empty() || ns == "default"
+        } else {
+            involved_ns == ns
+        };
+        if !ok {
+            errs.push(ns_mismatch);
+        }
+    } else {
+        if involved_ns.is_empty() && ns != "default" && ns != "kube-system" {
+            errs.push(ns_mismatch);
+        }
+        let required = |field: &'static str, errs: &mut Vec<(&str, &str, String)>| {
+            if s(field).is_empty() {
+                errs.push((field, "FieldValueRequired", "Required value".into()));
+            }
+        };
+        let at_most = |field: &'static str, max: usize, errs: &mut Vec<(&str, &str, String)>| {
+            if s(field).len() > max {
+                errs.push((
+                    field,
+                    "FieldValueInvalid",
+                    format!("Invalid value: \"\": can have at most {max} characters"),
+                ));
+            }
+        };
+        required("reportingComponent", &mut errs);
+        required("reportingInstance", &mut errs);
+        at_most("reportingInstance", EVENT_FIELD_MAX, &mut errs);
+        required("action", &mut errs);
+        at_most("action", EVENT_FIELD_MAX, &mut errs);
+        required("reason", &mut errs);
+        at_most("reason", EVENT_FIELD_MAX, &mut errs);
+        at_most("message", EVENT_NOTE_MAX, &mut errs);
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_fields(Resource::CoreEvent, name, &errs))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +182,38 @@ mod tests {
         assert!(
             e.message
                 .starts_with("NetworkAttachmentDefinition.k8s.cni.cncf.io \"X\" is invalid"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn core_events_with_event_time_need_the_new_style_fields() {
+        let old = json!({"involvedObject":{"namespace":"a"},"reason":"R"});
+        assert!(core_event("a", "e", &old).is_ok());
+        let e = core_event("b", "e", &old).unwrap_err();
+        assert!(
+            e.message.contains("involvedObject.namespace"),
+            "{}",
+            e.message
+        );
+        // What plexus posted before issue 7: eventTime without action.
+        let mut new = json!({"involvedObject":{"namespace":"a"},"eventTime":"2026-01-01T00:00:00.000000Z",
+            "reportingComponent":"plexus","reportingInstance":"n1","reason":"AddedInterface"});
+        let e = core_event("a", "p.1", &new).unwrap_err();
+        assert_eq!(e.code, 422);
+        assert_eq!(e.reason, "Invalid");
+        assert_eq!(
+            e.message,
+            "Event \"p.1\" is invalid: action: Required value"
+        );
+        new["action"] = json!("CNIAdd");
+        assert!(core_event("a", "p.1", &new).is_ok());
+        new["reportingInstance"] = json!("");
+        new["action"] = json!("x".repeat(129));
+        let e = core_event("a", "p.1", &new).unwrap_err();
+        assert!(
+            e.message.starts_with("Event \"p.1\" is invalid: [reportingInstance: Required value, action: Invalid value"),
             "{}",
             e.message
         );

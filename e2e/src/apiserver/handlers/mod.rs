@@ -199,6 +199,9 @@ fn create(store: &mut Store, res: Resource, ns: &str, req: &ApiRequest<'_>) -> R
         name = format!("{prefix}{}", store.name_suffix());
     }
     validate::name(res, &name)?;
+    if res == Resource::CoreEvent {
+        validate::core_event(ns, &name, &obj)?;
+    }
     if res.namespaced() && !store.namespace_exists(ns) {
         return Err(ApiError::not_found(Resource::Namespace, ns));
     }
