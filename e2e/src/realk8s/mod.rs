@@ -40,6 +40,7 @@ mod suite;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -66,7 +67,7 @@ pub struct ControlPlane {
     port: u16,
     http: HttpsGet,
     apiserver_args: Vec<String>,
-    apiserver: Option<Proc>,
+    apiserver: Mutex<Option<Proc>>,
     // Field order is drop order: processes before the directories they use.
     etcd: Proc,
     etcd_dir: tempfile::TempDir,
@@ -150,14 +151,14 @@ impl ControlPlane {
             format!("--audit-log-path={}", p("audit.log")),
         ];
         let http = HttpsGet::new(port, &ca.der(), &admin_token)?;
-        let mut cp = ControlPlane {
+        let cp = ControlPlane {
             bins: bins.clone(),
             ca,
             admin_token,
             port,
             http,
             apiserver_args,
-            apiserver: None,
+            apiserver: Mutex::new(None),
             etcd,
             etcd_dir,
             dir,
@@ -174,11 +175,11 @@ impl ControlPlane {
     }
 
     /// Start kube-apiserver (again, same port and flags) and wait until `/readyz` answers 200.
-    pub fn start_apiserver(&mut self) -> Result<()> {
-        if self.apiserver.is_some() {
+    pub fn start_apiserver(&self) -> Result<()> {
+        let mut slot = self.apiserver.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
             return Ok(());
         }
-        self.etcd.check_alive()?;
         let log = self.dir().join("apiserver.log");
         let mut proc = Proc::spawn(
             "kube-apiserver",
@@ -199,13 +200,18 @@ impl ControlPlane {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.apiserver = Some(proc);
+        *slot = Some(proc);
         Ok(())
     }
 
     /// Stop kube-apiserver (etcd keeps running); [`ControlPlane::start_apiserver`] brings it back.
-    pub fn stop_apiserver(&mut self) {
-        if let Some(mut p) = self.apiserver.take() {
+    pub fn stop_apiserver(&self) {
+        let proc = self
+            .apiserver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut p) = proc {
             p.stop(Duration::from_secs(10));
         }
     }
