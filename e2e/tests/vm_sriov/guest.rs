@@ -1,0 +1,164 @@
+//! Inside the VM: set up the PF and two VFs, run every case (a panic fails the case), check after
+//! each case that both VFs are exactly as before it (PF side, driver, netdev in the root netns),
+//! and write one JSON line per case to `$PLEXUS_VM_OUT/results.jsonl`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::vf::{sh, CaseDir, Pf, VfSnap};
+
+/// Number of VFs the runner creates.
+pub const NUM_VFS: u32 = 2;
+
+/// What a case gets: the PF and a fresh directory.
+pub struct T<'a> {
+    /// The PF.
+    pub pf: &'a Pf,
+    /// Per-case directory (state dir, plexus files).
+    pub dir: CaseDir,
+    out: &'a Out,
+}
+
+impl T<'_> {
+    /// PCI address of VF `i`.
+    pub fn vf(&self, i: u32) -> String {
+        self.pf.vf_pci(i).expect("VF exists")
+    }
+    /// Records a measurement line for the host's report.
+    pub fn note(&self, text: String) {
+        println!("vm-runner: {text}");
+        self.out.line(&json!({ "note": text }));
+    }
+}
+
+/// A case: name and body.
+pub type Case = (&'static str, fn(&T<'_>));
+
+struct Out(Mutex<std::fs::File>);
+
+impl Out {
+    fn line(&self, v: &serde_json::Value) {
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(f, "{v}");
+        let _ = f.sync_all();
+    }
+}
+
+static LAST_PANIC: Mutex<String> = Mutex::new(String::new());
+
+fn snaps(pf: &Pf) -> Vec<VfSnap> {
+    (0..NUM_VFS).map(|i| pf.snap(i)).collect()
+}
+
+fn setup(pf: &Pf) -> Result<(), String> {
+    sh(&["ip", "link", "set", "lo", "up"])?;
+    pf.set_up(true)?;
+    pf.create_vfs(NUM_VFS)
+}
+
+/// The in-VM entry point.
+pub fn main() -> i32 {
+    let outdir = PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into()));
+    let file = match std::fs::File::create(outdir.join("results.jsonl")) {
+        Ok(f) => f,
+        Err(e) => {
+            println!(
+                "vm-runner: cannot write results in {}: {e}",
+                outdir.display()
+            );
+            return 1;
+        }
+    };
+    let out = Out(Mutex::new(file));
+    let t0 = Instant::now();
+    let pf = match Pf::discover() {
+        Ok(p) => p,
+        Err(e) => {
+            out.line(&json!({"case":"setup","ok":false,"secs":0.0,"detail":e}));
+            out.line(&json!({"done": true}));
+            return 1;
+        }
+    };
+    if let Err(e) = setup(&pf) {
+        out.line(&json!({"case":"setup","ok":false,"secs":0.0,"detail":e}));
+        out.line(&json!({"done": true}));
+        return 1;
+    }
+    let kernel = sh(&["uname", "-r"]).unwrap_or_default();
+    out.line(&json!({"note": format!(
+        "kernel {} in QEMU/TCG: PF {} ({}, igb) with {NUM_VFS} igbvf VFs ready after {:.1} s",
+        kernel.trim(), pf.name, pf.pci, t0.elapsed().as_secs_f64())}));
+    std::panic::set_hook(Box::new(|info| {
+        let msg = match info.payload().downcast_ref::<String>() {
+            Some(s) => s.clone(),
+            None => info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        };
+        let loc = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let text = format!("{loc}: {msg}");
+        println!("vm-runner: panic at {text}");
+        *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = text;
+    }));
+
+    let mut all: Vec<Case> = Vec::new();
+    all.extend_from_slice(crate::cases::CASES);
+    all.extend_from_slice(crate::cases_fail::CASES);
+    all.extend_from_slice(crate::cases_plexus::CASES);
+    let mut failed = 0;
+    for (n, (name, body)) in all.iter().enumerate() {
+        let before = snaps(&pf);
+        let dir = CaseDir(PathBuf::from(format!("/tmp/vmcase-{n}")));
+        let _ = std::fs::create_dir_all(&dir.0);
+        println!("vm-runner: case {name} ...");
+        let t = T {
+            pf: &pf,
+            dir,
+            out: &out,
+        };
+        let started = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&t)));
+        let secs = started.elapsed().as_secs_f64();
+        let mut detail = match r {
+            Ok(()) => String::new(),
+            Err(_) => LAST_PANIC
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_else(|p| p.into_inner().clone()),
+        };
+        // Every case must leave both VFs exactly as it found them.
+        let after = snaps(&pf);
+        if after != before {
+            detail +=
+                &format!("\nthe case left a VF changed:\n  before {before:?}\n  after  {after:?}");
+            if let Err(e) = setup(&pf) {
+                detail += &format!("\nre-creating the VFs failed too: {e}");
+            }
+        }
+        let ok = detail.is_empty();
+        if !ok {
+            failed += 1;
+        }
+        println!(
+            "vm-runner: case {name} {} ({secs:.1} s){}",
+            if ok { "ok" } else { "FAILED" },
+            if ok {
+                String::new()
+            } else {
+                format!(": {detail}")
+            }
+        );
+        out.line(&json!({"case": name, "ok": ok, "secs": secs, "detail": detail.trim()}));
+    }
+    out.line(&json!({"done": true, "cases": all.len(), "failed": failed}));
+    i32::from(failed > 0)
+}

@@ -1,0 +1,264 @@
+//! Host side: check the prerequisites (or explain how to get them), build the initramfs, boot
+//! QEMU once with a bounded wait (QEMU is always killed), then read the per-case results the VM
+//! wrote to the shared directory and print them (with the VM console on failure).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::bin;
+
+const ENABLE: &str = "to enable it: `sudo scripts/setup.sh` (installs qemu-system-x86 from \
+bookworm-backports and busybox-static, and fetches Debian's kernel into target/vm with \
+scripts/vm-kernel.sh)";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn vm_dir() -> PathBuf {
+    std::env::var_os("PLEXUS_VM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/vm"))
+}
+
+/// What the tier needs, or why it cannot run.
+struct Parts {
+    qemu: PathBuf,
+    vmlinuz: PathBuf,
+    kernel_tree: PathBuf,
+}
+
+fn find_parts() -> Result<Parts, String> {
+    let qemu = which("qemu-system-x86_64").ok_or("qemu-system-x86_64 is not installed")?;
+    let devices = Command::new(&qemu)
+        .args(["-device", "help"])
+        .output()
+        .map_err(|e| format!("{}: {e}", qemu.display()))?;
+    if !String::from_utf8_lossy(&devices.stdout).contains("\"igb\"") {
+        return Err(format!(
+            "{} cannot emulate the 82576 (`-device igb` needs QEMU 8.0+; Debian 12 has it in \
+             bookworm-backports)",
+            qemu.display()
+        ));
+    }
+    which("busybox").ok_or("busybox (busybox-static) is not installed")?;
+    let kernel_tree = vm_dir().join("kernel");
+    let vmlinuz = std::fs::read_dir(kernel_tree.join("boot"))
+        .ok()
+        .and_then(|d| {
+            d.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+            })
+        })
+        .ok_or_else(|| format!("no kernel unpacked in {}", kernel_tree.display()))?;
+    Ok(Parts {
+        qemu,
+        vmlinuz,
+        kernel_tree,
+    })
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Kills QEMU when dropped (timeout, panic, or normal exit after it already stopped).
+struct Vm(Child);
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn main() -> i32 {
+    let mode = std::env::var("PLEXUS_VM_TIER").unwrap_or_default();
+    if mode == "skip" {
+        println!("vm_sriov: SKIPPED (PLEXUS_VM_TIER=skip)");
+        return 0;
+    }
+    let parts = match find_parts() {
+        Ok(p) => p,
+        Err(why) if mode == "require" => {
+            eprintln!("vm_sriov: FAILED: PLEXUS_VM_TIER=require but {why}; {ENABLE}");
+            return 1;
+        }
+        Err(why) => {
+            println!("vm_sriov: SKIPPED the SR-IOV VM tier: {why}; {ENABLE}");
+            return 0;
+        }
+    };
+    // The VM runs the freshly built binaries from the host's root.
+    for b in ["sriov", "plexus"] {
+        let _ = bin(b);
+    }
+    match run_vm(&parts) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("vm_sriov: FAILED: {e}");
+            1
+        }
+    }
+}
+
+fn run_vm(parts: &Parts) -> Result<(), String> {
+    let out = vm_dir().join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let initrd = out.join("initramfs.cpio.gz");
+    let st = Command::new(repo_root().join("scripts/vm-initramfs.sh"))
+        .arg(&parts.kernel_tree)
+        .arg(&initrd)
+        .status()
+        .map_err(|e| format!("scripts/vm-initramfs.sh: {e}"))?;
+    if !st.success() {
+        return Err("scripts/vm-initramfs.sh failed".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let console = out.join("console.log");
+    let append = format!(
+        "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 plexus.run={} plexus.out={} plexus.args=--in-vm",
+        exe.display(),
+        out.display()
+    );
+    let timeout = std::env::var("PLEXUS_VM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(420u64);
+    let started = Instant::now();
+    let child = Command::new(&parts.qemu)
+        .args([
+            "-accel", "tcg", "-machine", "q35", "-m", "1536", "-smp", "2",
+        ])
+        .args([
+            "-nodefaults",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ])
+        .args(["-device", "intel-iommu"])
+        .arg("-kernel")
+        .arg(&parts.vmlinuz)
+        .arg("-initrd")
+        .arg(&initrd)
+        .args(["-append", &append])
+        .args([
+            "-netdev",
+            "user,id=n0,restrict=on",
+            "-device",
+            "igb,netdev=n0",
+        ])
+        .args([
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        ])
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=out,security_model=none",
+            out.display()
+        ))
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", parts.qemu.display()))?;
+    println!(
+        "vm_sriov: booted QEMU (TCG, igb PF) with {}; waiting up to {timeout} s",
+        parts.vmlinuz.display()
+    );
+    let mut vm = Vm(child);
+    let deadline = started + Duration::from_secs(timeout);
+    let status = loop {
+        if let Some(s) = vm.0.try_wait().map_err(|e| e.to_string())? {
+            break Some(s);
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(vm);
+    let elapsed = started.elapsed();
+    let report = read_results(&out);
+    print!("{}", report.text);
+    println!(
+        "vm_sriov: VM run took {:.1} s (boot included)",
+        elapsed.as_secs_f64()
+    );
+    let problem = match status {
+        None => Some(format!("the VM did not finish within {timeout} s")),
+        Some(_) if !report.done => Some("the VM stopped before the runner finished".into()),
+        Some(_) if report.failed > 0 => Some(format!("{} case(s) failed", report.failed)),
+        Some(_) => None,
+    };
+    match problem {
+        None => {
+            let _ = std::fs::remove_dir_all(&out);
+            Ok(())
+        }
+        Some(p) => {
+            let log = std::fs::read_to_string(&console).unwrap_or_default();
+            eprintln!(
+                "----- VM console ({}) -----\n{log}\n----- end of VM console -----",
+                console.display()
+            );
+            Err(format!("{p}; results and logs kept in {}", out.display()))
+        }
+    }
+}
+
+struct Report {
+    text: String,
+    done: bool,
+    failed: usize,
+}
+
+/// Reads `results.jsonl`: one object per case (`case`, `ok`, `secs`, `detail`), `note` lines
+/// (measurements) and a final `done` line.
+fn read_results(out: &Path) -> Report {
+    let raw = std::fs::read_to_string(out.join("results.jsonl")).unwrap_or_default();
+    let mut r = Report {
+        text: String::new(),
+        done: false,
+        failed: 0,
+    };
+    for line in raw.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if v["done"] == true {
+            r.done = true;
+        } else if let Some(n) = v["note"].as_str() {
+            r.text += &format!("vm_sriov: {n}\n");
+        } else if let Some(c) = v["case"].as_str() {
+            let ok = v["ok"] == true;
+            if !ok {
+                r.failed += 1;
+            }
+            r.text += &format!(
+                "vm_sriov: case {c} ... {} ({:.1} s){}\n",
+                if ok { "ok" } else { "FAILED" },
+                v["secs"].as_f64().unwrap_or(0.0),
+                match v["detail"].as_str() {
+                    Some(d) if !ok => format!("\n    {}", d.replace('\n', "\n    ")),
+                    _ => String::new(),
+                }
+            );
+        }
+    }
+    r
+}

@@ -1,0 +1,28 @@
+//! The VM tier: the `sriov` delegate (alone and through `plexus`) on real SR-IOV VFs.
+//!
+//! QEMU (10.0+, TCG) emulates an Intel 82576 PF (`-device igb`) behind an emulated IOMMU; Debian's
+//! 6.1 kernel binds `igb` to it, and the PF's VFs bind `igbvf`. The host side of this binary
+//! builds an initramfs (`scripts/vm-initramfs.sh`), boots the VM once and waits for it; the VM
+//! mounts the host's root read-only over 9p and runs this same binary with `--in-vm`, which runs
+//! every case against the real kernel and writes one JSON line per case to a shared directory.
+//!
+//! `PLEXUS_VM_TIER`: unset = run when QEMU and the kernel are present, else print how to enable
+//! the tier and pass; `require` = a missing part fails (CI); `skip` = do not run.
+//! `PLEXUS_VM_DIR` (default `target/vm`): where `scripts/vm-kernel.sh` unpacked the kernel.
+//! `PLEXUS_VM_TIMEOUT` (seconds, default 420): the whole VM run, boot included.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cases;
+mod cases_fail;
+mod cases_plexus;
+mod guest;
+mod host;
+mod vf;
+
+fn main() {
+    let in_vm = std::env::args().any(|a| a == "--in-vm");
+    let code = if in_vm { guest::main() } else { host::main() };
+    std::process::exit(code);
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Build the initramfs of the SR-IOV VM tier: busybox, the kernel modules the tier needs (with
+# their dependencies, in load order) and an /init that mounts the host's root read-only over 9p,
+# chroots into it and runs one command (the in-VM test runner), then powers off.
+#
+# Usage: scripts/vm-initramfs.sh KERNEL_TREE OUT.cpio.gz
+#   KERNEL_TREE: an unpacked linux-image package (scripts/vm-kernel.sh makes target/vm/kernel)
+#
+# The kernel command line tells /init what to run: plexus.run=<absolute path in the host root>,
+# plexus.out=<host directory shared writable as mount tag "out">, plexus.args=<one argument>.
+set -euo pipefail
+tree="$(readlink -f "$1")"
+out="$2"
+ver="$(ls "$tree/lib/modules" | head -n1)"
+moddir="$tree/lib/modules/$ver"
+busybox="$(command -v busybox)"
+file "$busybox" 2>/dev/null | grep -q 'dynamically' &&
+  { echo "vm-initramfs: $busybox is dynamic; install busybox-static" >&2; exit 1; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work"/{bin,dev,proc,sys,host,modules}
+cp "$busybox" "$work/bin/busybox"
+for a in sh mount umount insmod mkdir chroot cat poweroff sleep echo ls dmesg; do
+  ln -s busybox "$work/bin/$a"
+done
+
+# Root modules: the emulated 82576 PF and its VFs, the 9p share of the host root, vfio-pci for
+# DPDK mode, and what the CNI plugins used by plexus' default network need (veth, bridge).
+roots=(virtio_pci 9pnet_virtio 9p igb igbvf vfio-pci vfio_iommu_type1 veth bridge)
+declare -A seen=()
+order=()
+find_mod() {
+  local n="$1" alt="${1//_/-}" alt2="${1//-/_}"
+  find "$moddir/kernel" \( -name "$n.ko" -o -name "$alt.ko" -o -name "$alt2.ko" \) | head -n1
+}
+resolve() {
+  local f deps d
+  f="$(find_mod "$1")"
+  [ -n "$f" ] || { echo "vm-initramfs: module $1 not in $moddir (built in?)" >&2; return 0; }
+  [ -z "${seen[$f]:-}" ] || return 0
+  seen[$f]=1
+  # The .modinfo strings are NUL-separated "key=value" pairs.
+  deps="$(tr '\0' '\n' <"$f" | sed -n 's/^depends=//p' | head -n1 | tr ',' ' ')"
+  for d in $deps; do resolve "$d"; done
+  order+=("$f")
+}
+for m in "${roots[@]}"; do resolve "$m"; done
+: >"$work/modules/order"
+for f in "${order[@]}"; do
+  cp "$f" "$work/modules/"
+  basename "$f" >>"$work/modules/order"
+done
+
+cat >"$work/init" <<'EOF'
+#!/bin/sh
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /modules/order); do
+  insmod "/modules/$m" || echo "vm-init: insmod $m failed"
+done
+arg() { for w in $(cat /proc/cmdline); do case "$w" in "$1="*) echo "${w#*=}";; esac; done; }
+run="$(arg plexus.run)"
+outdir="$(arg plexus.out)"
+args="$(arg plexus.args)"
+o=trans=virtio,version=9p2000.L,msize=512000
+if ! mount -t 9p -o "$o,cache=loose,ro" hostroot /host; then
+  echo "vm-init: cannot mount the host root over 9p"; poweroff -f
+fi
+mount -t proc proc /host/proc
+mount -t sysfs sys /host/sys
+mount -t devtmpfs dev /host/dev
+for d in /host/run /host/tmp /host/var/tmp /host/var/lib/cni; do
+  [ -d "$d" ] && mount -t tmpfs tmpfs "$d"
+done
+# After the tmpfs mounts: the out directory may live under /tmp (created on the tmpfs then).
+mkdir -p "/host$outdir" 2>/dev/null
+mount -t 9p -o "$o" out "/host$outdir" || echo "vm-init: cannot mount the out share"
+echo "vm-init: running $run $args"
+chroot /host /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  HOME=/root PLEXUS_VM_OUT="$outdir" "$run" $args
+echo "$?" >"/host$outdir/exit-code"
+echo "vm-init: done"
+umount "/host$outdir"
+poweroff -f
+EOF
+chmod +x "$work/init"
+(cd "$work" && find . | "$busybox" cpio -o -H newc 2>/dev/null) | gzip -1 >"$out.tmp"
+mv "$out.tmp" "$out"
+echo "vm-initramfs: $out (kernel $ver, ${#order[@]} modules)"
