@@ -16,7 +16,9 @@ pub fn is_truthy(v: &str) -> bool {
 impl CniArgs {
     /// Parse `K=V;K=V`. Empty segments are skipped; a segment without `=` is an error.
     /// Values may contain `=` (only the first one splits).
+    /// Longer than [`crate::limits::MAX_CNI_ARGS_BYTES`] is an error (code 4).
     pub fn parse(s: &str) -> Result<Self, CniError> {
+        crate::limits::check_cni_args(s.len())?;
         let mut pairs = Vec::new();
         for seg in s.split(';').filter(|seg| !seg.is_empty()) {
             let (k, v) = seg.split_once('=').ok_or_else(|| {
@@ -132,6 +134,23 @@ mod tests {
         let a = CniArgs::parse(";;A=b=c;").unwrap();
         assert_eq!(a.get("A"), Some("b=c"));
         assert_eq!(a.render(), "A=b=c");
+    }
+
+    #[test]
+    fn oversized_cni_args_name_the_limit() {
+        let max = crate::limits::MAX_CNI_ARGS_BYTES;
+        let ok = format!("A={}", "x".repeat(max - 2));
+        assert_eq!(
+            CniArgs::parse(&ok).unwrap().get("A").unwrap().len(),
+            max - 2
+        );
+        let e = CniArgs::parse(&format!("{ok}y")).unwrap_err();
+        assert_eq!(e.code, code::INVALID_ENV);
+        assert_eq!(e.msg, "CNI_ARGS is too large");
+        assert_eq!(
+            e.details,
+            format!("{} bytes, the limit is {max} bytes", max + 1)
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod error;
+pub mod limits;
 pub mod netconf;
 pub mod result;
 pub mod validate;

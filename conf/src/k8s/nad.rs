@@ -2,7 +2,8 @@
 //! conflist, with the NAD's name injected when the config has none, or (empty spec) the on-disk
 //! config of that name, `.conflist` files preferred over `.conf`/`.json`.
 
-use crate::error::CniError;
+use crate::error::{code, CniError};
+use crate::limits;
 use crate::netconf::NetConfList;
 use serde_json::Value;
 
@@ -14,6 +15,13 @@ pub fn config_from_spec(
     spec_config: &str,
 ) -> Result<Option<NetConfList>, CniError> {
     let ctx = || format!("network {ns}/{name}");
+    limits::check(
+        "spec.config",
+        spec_config.len(),
+        limits::MAX_NAD_CONFIG_BYTES,
+        code::INVALID_CONFIG,
+    )
+    .map_err(|e| e.context(ctx()))?;
     if spec_config.trim().is_empty() {
         return Ok(None);
     }
@@ -109,6 +117,25 @@ mod tests {
             assert_eq!(e.code, 7, "{bad}");
             assert!(e.msg.contains("db/broken"), "{e}");
         }
+    }
+
+    #[test]
+    fn oversized_spec_config_names_the_limit() {
+        let pad = " ".repeat(limits::MAX_NAD_CONFIG_BYTES);
+        let cfg = format!(r#"{{"cniVersion":"1.0.0","type":"macvlan"}}{pad}"#);
+        let e = config_from_spec("db", "huge", &cfg).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert_eq!(e.msg, "network db/huge: spec.config is too large");
+        assert_eq!(
+            e.details,
+            format!(
+                "{} bytes, the limit is {} bytes",
+                cfg.len(),
+                limits::MAX_NAD_CONFIG_BYTES
+            )
+        );
+        let fits = &cfg[..limits::MAX_NAD_CONFIG_BYTES];
+        assert!(config_from_spec("db", "huge", fits).unwrap().is_some());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The pod annotation `k8s.v1.cni.cncf.io/networks` (NPWG multi-net spec 4.1): the comma form
 //! `[ns/]name[@ifname]` and the JSON list of network selection elements.
 
-use crate::error::CniError;
-use crate::validate;
+use crate::error::{code, CniError};
+use crate::{limits, validate};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -203,7 +203,15 @@ pub fn is_mac(s: &str, bytes: usize) -> bool {
 }
 
 /// Parse the value of a networks annotation (either form). `annotation` names it in errors.
+/// A value over [`limits::MAX_ANNOTATION_BYTES`] or listing more than [`limits::MAX_NETWORKS`]
+/// networks is an error (code 7).
 pub fn parse_selections(value: &str, annotation: &str) -> Result<Vec<NetworkSelection>, CniError> {
+    limits::check(
+        &format!("annotation {annotation}"),
+        value.len(),
+        limits::MAX_ANNOTATION_BYTES,
+        code::INVALID_CONFIG,
+    )?;
     let trimmed = value.trim();
     if trimmed.is_empty() {
         return Ok(Vec::new());
@@ -230,6 +238,16 @@ pub fn parse_selections(value: &str, annotation: &str) -> Result<Vec<NetworkSele
             .map(|item| parse_comma_item(item, annotation))
             .collect::<Result<Vec<_>, _>>()?
     };
+    if list.len() > limits::MAX_NETWORKS {
+        return Err(bad(
+            annotation,
+            format!(
+                "{} networks requested, the limit is {}",
+                list.len(),
+                limits::MAX_NETWORKS
+            ),
+        ));
+    }
     for s in &list {
         s.validate(annotation)?;
     }
@@ -326,6 +344,39 @@ mod tests {
             assert_eq!(e.code, 7, "{bad_value}");
             assert!(e.msg.contains(NETWORKS_ANNOTATION), "{bad_value}: {e}");
         }
+    }
+
+    #[test]
+    fn oversized_annotations_name_the_limit() {
+        let many = (0..=limits::MAX_NETWORKS)
+            .map(|i| format!("n{i}"))
+            .collect::<Vec<_>>();
+        let ok = many[..limits::MAX_NETWORKS].join(",");
+        assert_eq!(
+            parse_selections(&ok, NETWORKS_ANNOTATION).unwrap().len(),
+            limits::MAX_NETWORKS
+        );
+        let e = parse_selections(&many.join(","), NETWORKS_ANNOTATION).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(e.msg.contains(NETWORKS_ANNOTATION), "{e}");
+        assert_eq!(
+            e.details,
+            format!(
+                "{} networks requested, the limit is {}",
+                limits::MAX_NETWORKS + 1,
+                limits::MAX_NETWORKS
+            )
+        );
+        let long = format!("a{}", " ".repeat(limits::MAX_ANNOTATION_BYTES));
+        let e = parse_selections(&long, NETWORKS_ANNOTATION).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert_eq!(
+            e.msg,
+            format!("annotation {NETWORKS_ANNOTATION} is too large")
+        );
+        assert!(e
+            .details
+            .contains(&limits::MAX_ANNOTATION_BYTES.to_string()));
     }
 
     #[test]
