@@ -1,24 +1,564 @@
-//! API tier against a real kube-apiserver + etcd (see `plexus_e2e::realk8s`).
+//! API tier: plexus against a real kube-apiserver + etcd (`plexus_e2e::realk8s`), with the
+//! Debian plugins in real network namespaces. `deploy/nad-crd.yaml` and `deploy/rbac.yaml` are
+//! applied for real and plexus runs with a TokenRequest token of `kube-system/plexus`, so a
+//! missing or excessive right fails. Pods and NADs are created by the admin (no scheduler: pods
+//! carry `spec.nodeName`). Skipped (and passing) without `PLEXUS_K8S_BIN`.
 
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use plexus_e2e::realk8s::{bins_or_skip, ControlPlane, Suite};
+use anyhow::{ensure, Context, Result};
+use common::*;
+use plexus_e2e::realk8s::{bins_or_skip, metrics, ControlPlane, RequestCounts, RequestKey, Suite};
+use serde_json::{json, Value};
+
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+const PLEXUS_USER: &str = "system:serviceaccount:kube-system:plexus";
+/// The resources plexus touches; request deltas are counted for these only.
+const RESOURCES: &[&str] = &["pods", "events", "network-attachment-definitions"];
 
 fn main() -> ExitCode {
     let Some(bins) = bins_or_skip() else {
         return ExitCode::SUCCESS;
     };
     let cp = ControlPlane::start(&bins).expect("start control plane");
+    let node = match Node::new(&cp) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!(
+                "real_api setup failed: {e:#}\n{}",
+                plexus_e2e::realk8s::tail(&cp.apiserver_log(), 20)
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let mut suite = Suite::new("real_api");
-    suite.case("harness_smoke", || {
-        cp.create_namespace("smoke")?;
-        let sa = cp.get_json("/api/v1/namespaces/smoke/serviceaccounts/default")?;
-        anyhow::ensure!(sa["metadata"]["name"] == "default");
-        let t = cp.create_token("smoke", "default")?;
-        anyhow::ensure!(t.split('.').count() == 3, "a JWT: {t}");
-        let m = cp.request_totals()?;
-        anyhow::ensure!(!m.is_empty());
-        Ok(())
+    suite.case(
+        "three_extra_networks_both_forms_status_events_and_request_counts",
+        || three_extra_networks(&node),
+    );
+    suite.case("pod_without_networks_gets_default_only", || {
+        no_networks(&node)
     });
+    suite.case("default_network_override_from_annotation", || {
+        default_override(&node)
+    });
+    suite.case(
+        "namespace_isolation_and_missing_nad_fail_with_a_warning_event",
+        || isolation_and_missing(&node),
+    );
+    suite.case("pod_annotations_from_the_runtime_save_the_pod_get", || {
+        runtime_annotations(&node)
+    });
+    suite.case("pod_recreated_with_another_uid_is_refused", || {
+        recreated_pod(&node)
+    });
+    suite.case("del_with_the_apiserver_stopped_leaves_nothing", || {
+        del_apiserver_stopped(&node)
+    });
+    suite.case("cluster_role_grants_exactly_what_plexus_calls", || {
+        rbac_exact(&node)
+    });
+    drop(node);
     suite.finish()
+}
+
+/// The node side: plexus' state dirs and kubeconfig, a default bridge network, a macvlan master.
+struct Node<'a> {
+    cp: &'a ControlPlane,
+    dir: tempfile::TempDir,
+    bridge: HostLink,
+    master: HostLink,
+    octet: u8,
+}
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+impl<'a> Node<'a> {
+    fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
+        cp.apply_file(&repo("deploy/nad-crd.yaml"))?;
+        cp.apply_file(&repo("deploy/rbac.yaml"))?;
+        cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/network-attachment-definitions.k8s.cni.cncf.io",
+        ])?;
+        for ns in ["db", "other"] {
+            cp.create_namespace(ns)?;
+        }
+        let dir = tempfile::tempdir()?;
+        let token = cp.create_token("kube-system", "plexus")?;
+        cp.write_kubeconfig(&dir.path().join("kubeconfig"), &token)?;
+        Ok(Node {
+            cp,
+            dir,
+            bridge: HostLink::bridge_name(),
+            master: HostLink::veth_master(),
+            octet: 51,
+        })
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn config(&self, extra: &Value) -> Value {
+        let mut c = json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
+            "kubeconfig": self.path("kubeconfig"), "cniDir": self.path("state"), "binDir": CNI_BIN,
+            "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path("plexus.log"), "logToStderr": false,
+            "delegates":[flannel_like(&self.bridge.0, self.octet, &self.path("ipam"))]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            c[k] = v.clone();
+        }
+        c
+    }
+
+    fn host_local(&self, subnet: &str) -> Value {
+        json!({"type":"host-local","dataDir":self.path("ipam"),"ranges":[[{"subnet":subnet}]]})
+    }
+
+    /// A macvlan NAD (admin, `kubectl apply`).
+    fn macvlan_nad(&self, ns: &str, name: &str, ipam: Value) -> Result<()> {
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":self.master.0,"mode":"bridge","ipam":ipam});
+        self.nad(ns, name, &cfg)
+    }
+
+    fn nad(&self, ns: &str, name: &str, cfg: &Value) -> Result<()> {
+        let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+            "metadata":{"name":name,"namespace":ns},"spec":{"config":cfg.to_string()}});
+        self.cp.apply(&nad.to_string()).map(drop)
+    }
+
+    /// Create a pod bound to a (never running) node; its UID.
+    fn pod(&self, ns: &str, name: &str, annotations: Value) -> Result<String> {
+        let pod = json!({"apiVersion":"v1","kind":"Pod",
+            "metadata":{"name":name,"namespace":ns,"annotations":annotations},
+            "spec":{"nodeName":"plexus-api-node","automountServiceAccountToken":false,
+                "containers":[{"name":"c","image":"local/pause:1"}]}});
+        self.cp
+            .kubectl_stdin(&["create", "-f", "-"], Some(&pod.to_string()))?;
+        self.uid(ns, name)
+    }
+
+    fn uid(&self, ns: &str, name: &str) -> Result<String> {
+        let p = self
+            .cp
+            .get_json(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
+        Ok(p["metadata"]["uid"]
+            .as_str()
+            .context("pod uid")?
+            .to_string())
+    }
+
+    fn args(ns: &str, name: &str, uid: &str) -> String {
+        format!("K8S_POD_INFRA_CONTAINER_ID=cid-{name};K8S_POD_UID={uid};IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}")
+    }
+
+    fn call(&self, command: &str, cid: &str, netns: &str, args: &str, extra: &Value) -> Run {
+        run(
+            &bin("plexus"),
+            &Call {
+                command,
+                container_id: cid,
+                netns,
+                ifname: "eth0",
+                args,
+            },
+            &self.config(extra),
+            &[],
+        )
+    }
+
+    /// network-status of the pod, read back from the apiserver.
+    fn status(&self, ns: &str, name: &str) -> Result<Value> {
+        let pod = self
+            .cp
+            .get_json(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
+        let s = pod["metadata"]["annotations"][STATUS]
+            .as_str()
+            .unwrap_or("[]");
+        Ok(serde_json::from_str(s)?)
+    }
+
+    /// Events about the pod, read back from the apiserver.
+    fn events(&self, ns: &str, pod: &str) -> Result<Vec<Value>> {
+        let list = self.cp.get_json(&format!(
+            "/api/v1/namespaces/{ns}/events?fieldSelector=involvedObject.name%3D{pod}"
+        ))?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Plexus state and host-local leases left on the node.
+    fn leftovers(&self) -> Vec<String> {
+        let mut v: Vec<String> = files_under(&self.path("state"))
+            .into_iter()
+            .filter(|f| !f.starts_with("locks"))
+            .collect();
+        v.extend(files_under(&self.path("ipam")));
+        v
+    }
+
+    /// Run `f` and return the API requests it caused (by verb, resource, subresource).
+    fn counted<T>(&self, f: impl FnOnce() -> T) -> Result<(T, RequestCounts)> {
+        let before = self.cp.request_totals()?;
+        let out = f();
+        let after = self.cp.request_totals()?;
+        Ok((out, metrics::delta(&before, &after, RESOURCES)))
+    }
+}
+
+fn total(c: &RequestCounts) -> u64 {
+    c.values().sum()
+}
+
+fn key(verb: &str, resource: &str, sub: &str) -> RequestKey {
+    RequestKey::new(verb, resource, sub)
+}
+
+fn status_names(st: &Value) -> Vec<String> {
+    st.as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["name"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+fn three_extra_networks(node: &Node<'_>) -> Result<()> {
+    node.macvlan_nad("db", "mv-a", node.host_local("10.151.1.0/24"))?;
+    node.macvlan_nad("db", "mv-b", node.host_local("10.151.2.0/24"))?;
+    node.macvlan_nad("default", "mv-c", node.host_local("10.151.3.0/24"))?;
+    for (form, value) in [
+        ("comma", json!("mv-a,db/mv-b@data0,default/mv-c")),
+        (
+            "json",
+            json!(
+                r#"[{"name":"mv-a"},{"name":"mv-b","namespace":"db","interface":"data0"},{"name":"mv-c","namespace":"default"}]"#
+            ),
+        ),
+    ] {
+        let ns = Netns::new();
+        let pod = format!("pg-{form}");
+        let uid = node.pod("db", &pod, json!({NETWORKS: value}))?;
+        let args = Node::args("db", &pod, &uid);
+        let cid = format!("cid-{form}");
+        let (r, reqs) = node.counted(|| node.call("ADD", &cid, &ns.path(), &args, &json!({})))?;
+        let out = r.ok().clone();
+        ensure!(
+            out["ips"][0]["address"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with(&format!("10.244.{}.", node.octet)),
+            "{out}"
+        );
+        let mut links = ns.links();
+        links.sort();
+        ensure!(
+            links == ["data0", "eth0", "lo", "net1", "net3"],
+            "{form}: {links:?}"
+        );
+        ensure!(ns.addrs("data0")[0].starts_with("10.151.2."));
+        // network-status as the apiserver stored it.
+        let st = node.status("db", &pod)?;
+        ensure!(
+            status_names(&st) == ["cbr0", "db/mv-a", "db/mv-b", "default/mv-c"],
+            "{st}"
+        );
+        ensure!(
+            st[0]["default"] == true && st[0]["interface"] == "eth0",
+            "{st}"
+        );
+        ensure!(st[2]["interface"] == "data0", "{st}");
+        ensure!(
+            st[1]["mac"].as_str() == Some(ns.mac("net1").as_str()),
+            "{st}"
+        );
+        ensure!(
+            !st[1]["ips"][0].as_str().unwrap_or("/").contains('/'),
+            "{st}"
+        );
+        // The event was accepted and is on the pod.
+        let evs = node.events("db", &pod)?;
+        ensure!(evs.len() == 1, "{form}: one event expected: {evs:#?}");
+        let ev = &evs[0];
+        ensure!(
+            ev["reason"] == "AddedInterface" && ev["type"] == "Normal",
+            "{ev}"
+        );
+        ensure!(ev["involvedObject"]["uid"] == uid.as_str(), "{ev}");
+        ensure!(
+            ev["message"].as_str().unwrap_or("").contains("data0"),
+            "{ev}"
+        );
+        ensure!(
+            ev["reportingComponent"] == "plexus" && ev["action"].is_string(),
+            "{ev}"
+        );
+        // Requests, from the apiserver's own counters: GET pod, 3 NAD GETs, PATCH status, POST event.
+        println!(
+            "    ADD ({form}, 3 NADs): {} requests: {reqs:?}",
+            total(&reqs)
+        );
+        ensure!(reqs.get(&key("GET", "pods", "")) == Some(&1), "{reqs:?}");
+        ensure!(
+            reqs.get(&key("GET", "network-attachment-definitions", "")) == Some(&3),
+            "{reqs:?}"
+        );
+        ensure!(
+            reqs.get(&key("PATCH", "pods", "status")) == Some(&1),
+            "{reqs:?}"
+        );
+        ensure!(reqs.get(&key("POST", "events", "")) == Some(&1), "{reqs:?}");
+        ensure!(total(&reqs) == 6, "N + 3 = 6: {reqs:?}");
+        node.call("CHECK", &cid, &ns.path(), &args, &json!({})).ok();
+        let (r, reqs) = node.counted(|| node.call("DEL", &cid, &ns.path(), &args, &json!({})))?;
+        r.ok();
+        println!("    DEL ({form}): {} requests", total(&reqs));
+        ensure!(reqs.is_empty(), "DEL must not call the API: {reqs:?}");
+        ensure!(ns.links() == ["lo"]);
+        ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    }
+    Ok(())
+}
+
+fn no_networks(node: &Node<'_>) -> Result<()> {
+    let ns = Netns::new();
+    let uid = node.pod("db", "solo", json!({}))?;
+    let args = Node::args("db", "solo", &uid);
+    let (r, reqs) = node.counted(|| node.call("ADD", "cid-solo", &ns.path(), &args, &json!({})))?;
+    r.ok();
+    println!("    ADD (no NAD): {} requests: {reqs:?}", total(&reqs));
+    ensure!(total(&reqs) == 3, "GET pod, PATCH status, event: {reqs:?}");
+    ensure!(ns.links().len() == 2);
+    ensure!(status_names(&node.status("db", "solo")?) == ["cbr0"]);
+    ensure!(node.events("db", "solo")?.len() == 1);
+    node.call("DEL", "cid-solo", &ns.path(), &args, &json!({}))
+        .ok();
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
+fn default_override(node: &Node<'_>) -> Result<()> {
+    node.macvlan_nad(
+        "kube-system",
+        "alt-default",
+        node.host_local("10.154.0.0/24"),
+    )?;
+    let ns = Netns::new();
+    let uid = node.pod(
+        "db",
+        "alt",
+        json!({"v1.multus-cni.io/default-network": "alt-default"}),
+    )?;
+    let args = Node::args("db", "alt", &uid);
+    let out = node
+        .call("ADD", "cid-alt", &ns.path(), &args, &json!({}))
+        .ok()
+        .clone();
+    ensure!(
+        out["ips"][0]["address"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("10.154.0."),
+        "{out}"
+    );
+    ensure!(ns.addrs("eth0")[0].starts_with("10.154.0."));
+    let st = node.status("db", "alt")?;
+    ensure!(
+        st[0]["name"] == "kube-system/alt-default" && st[0]["default"] == true,
+        "{st}"
+    );
+    node.call("DEL", "cid-alt", &ns.path(), &args, &json!({}))
+        .ok();
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
+fn isolation_and_missing(node: &Node<'_>) -> Result<()> {
+    node.macvlan_nad("other", "foreign", node.host_local("10.155.1.0/24"))?;
+    let extra = json!({"namespaceIsolation": true});
+    for (name, ann, needle) in [
+        ("iso", "other/foreign", "isolation"),
+        ("missing", "db/nope", "db/nope"),
+    ] {
+        let ns = Netns::new();
+        let uid = node.pod("db", name, json!({NETWORKS: ann}))?;
+        let args = Node::args("db", name, &uid);
+        let r = node.call("ADD", &format!("cid-{name}"), &ns.path(), &args, &extra);
+        let e = r.err().clone();
+        ensure!(e["code"] == 7, "{name}: {e}");
+        ensure!(e.to_string().contains(needle), "{name}: {e}");
+        ensure!(ns.links() == ["lo"], "{name}");
+        node.call("DEL", &format!("cid-{name}"), "", &args, &extra)
+            .ok();
+        ensure!(
+            node.leftovers().is_empty(),
+            "{name}: {:?}",
+            node.leftovers()
+        );
+        // The pod author sees why, on the pod.
+        let evs = node.events("db", name)?;
+        ensure!(
+            evs.iter().any(|ev| ev["type"] == "Warning"
+                && ev["reason"] == "AddInterfaceFailed"
+                && ev["message"].as_str().unwrap_or("").contains(needle)),
+            "{name}: a warning event naming {needle}: {evs:#?}"
+        );
+        ensure!(node
+            .status("db", name)?
+            .as_array()
+            .is_none_or(Vec::is_empty));
+    }
+    Ok(())
+}
+
+fn runtime_annotations(node: &Node<'_>) -> Result<()> {
+    node.macvlan_nad("db", "mv-rt", node.host_local("10.156.0.0/24"))?;
+    let uid = node.pod("db", "rt", json!({NETWORKS: "mv-rt"}))?;
+    let extra = json!({"capabilities": {"io.kubernetes.cri.pod-annotations": true},
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {NETWORKS: "mv-rt"}}});
+    let ns = Netns::new();
+    let args = Node::args("db", "rt", &uid);
+    let (r, reqs) = node.counted(|| node.call("ADD", "cid-rt", &ns.path(), &args, &extra))?;
+    r.ok();
+    println!(
+        "    ADD (1 NAD, runtime annotations): {} requests: {reqs:?}",
+        total(&reqs)
+    );
+    ensure!(
+        !reqs.contains_key(&key("GET", "pods", "")),
+        "no GET pod: {reqs:?}"
+    );
+    ensure!(total(&reqs) == 1 + 2, "N + 2: {reqs:?}");
+    ensure!(status_names(&node.status("db", "rt")?) == ["cbr0", "db/mv-rt"]);
+    node.call("DEL", "cid-rt", &ns.path(), &args, &extra).ok();
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
+fn recreated_pod(node: &Node<'_>) -> Result<()> {
+    let ns = Netns::new();
+    node.pod("db", "sts-0", json!({}))?;
+    let args = Node::args("db", "sts-0", "uid-of-the-old-pod");
+    let e = node
+        .call("ADD", "cid-sts", &ns.path(), &args, &json!({}))
+        .err()
+        .to_string();
+    ensure!(
+        e.contains("db/sts-0") && e.contains("uid-of-the-old-pod"),
+        "{e}"
+    );
+    ensure!(ns.links() == ["lo"]);
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    let pod = node.cp.get_json("/api/v1/namespaces/db/pods/sts-0")?;
+    ensure!(
+        pod["metadata"]["annotations"].get(STATUS).is_none(),
+        "no status on the new pod"
+    );
+    Ok(())
+}
+
+fn del_apiserver_stopped(node: &Node<'_>) -> Result<()> {
+    node.macvlan_nad("db", "mv-down", node.host_local("10.157.0.0/24"))?;
+    let ns = Netns::new();
+    let uid = node.pod("db", "down", json!({NETWORKS: "mv-down"}))?;
+    let args = Node::args("db", "down", &uid);
+    node.call("ADD", "cid-down", &ns.path(), &args, &json!({}))
+        .ok();
+    ensure!(ns.links().len() == 3);
+    ensure!(!node.leftovers().is_empty(), "ADD left a plan and leases");
+    node.cp.stop_apiserver();
+    let res = (|| -> Result<()> {
+        node.call("DEL", "cid-down", &ns.path(), &args, &json!({}))
+            .ok();
+        // The runtime repeats DEL, with an empty netns.
+        node.call("DEL", "cid-down", "", &args, &json!({})).ok();
+        node.call("DEL", "cid-down", "", &args, &json!({})).ok();
+        ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+        ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+        Ok(())
+    })();
+    node.cp.start_apiserver()?;
+    res
+}
+
+/// (apiGroup, resource[/subresource], verb) of an RBAC rule or an audited request.
+type Right = (String, String, String);
+
+fn rbac_exact(node: &Node<'_>) -> Result<()> {
+    // Exercise every path that talks to the API: a pod with networks (GET pod, GET NADs,
+    // PATCH status, Normal event) and one whose NAD is missing (Warning event).
+    node.macvlan_nad("db", "mv-rbac", node.host_local("10.158.0.0/24"))?;
+    let ns = Netns::new();
+    let uid = node.pod("db", "rbac", json!({NETWORKS: "mv-rbac"}))?;
+    let args = Node::args("db", "rbac", &uid);
+    node.call("ADD", "cid-rbac", &ns.path(), &args, &json!({}))
+        .ok();
+    node.call("DEL", "cid-rbac", &ns.path(), &args, &json!({}))
+        .ok();
+    let uid = node.pod("db", "rbac-miss", json!({NETWORKS: "nope"}))?;
+    let args = Node::args("db", "rbac-miss", &uid);
+    node.call("ADD", "cid-rbac-miss", &ns.path(), &args, &json!({}))
+        .err();
+    node.call("DEL", "cid-rbac-miss", "", &args, &json!({}))
+        .ok();
+
+    let entries: Vec<_> = node
+        .cp
+        .audit()
+        .into_iter()
+        .filter(|e| e.user == PLEXUS_USER)
+        .collect();
+    ensure!(!entries.is_empty(), "no audited request by {PLEXUS_USER}");
+    let denied: Vec<_> = entries.iter().filter(|e| e.code == 403).collect();
+    ensure!(denied.is_empty(), "plexus was denied: {denied:#?}");
+    let used: BTreeSet<Right> = entries
+        .iter()
+        .map(|e| {
+            let res = if e.subresource.is_empty() {
+                e.resource.clone()
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (e.group.clone(), res, e.verb.clone())
+        })
+        .collect();
+    let role = node
+        .cp
+        .get_json("/apis/rbac.authorization.k8s.io/v1/clusterroles/plexus")?;
+    let mut granted = BTreeSet::<Right>::new();
+    for rule in role["rules"].as_array().context("rules")? {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        ensure!(rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none());
+        for g in list("apiGroups") {
+            for r in list("resources") {
+                for v in list("verbs") {
+                    ensure!(g != "*" && r != "*" && v != "*", "wildcard in {rule}");
+                    granted.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    println!("    plexus used: {used:?}");
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let excess: Vec<_> = granted.difference(&used).collect();
+    ensure!(missing.is_empty(), "used but not granted: {missing:?}");
+    ensure!(
+        excess.is_empty(),
+        "granted but never used by plexus: {excess:?}"
+    );
+    Ok(())
 }
