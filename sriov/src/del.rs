@@ -93,6 +93,26 @@ pub fn release_vf(ctx: &Ctx<'_>, st: &VfState, netns_hint: Option<&str>) -> Resu
     combine(errs)
 }
 
+/// How long DEL waits for a VF netdev the kernel is still handing back from a destroyed netns.
+/// A VF bound to a kernel network driver has a netdev somewhere, so it is worth waiting for
+/// (1.8 s measured on igbvf under QEMU/TCG, where the old 2 s limit was nearly hit); a VF with no
+/// driver or a userspace one has none, and nothing will come back.
+pub const NETDEV_RETURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn return_wait(ctx: &Ctx<'_>, vf_pci: &str) -> std::time::Duration {
+    let bound_to_netdev_driver = ctx
+        .sysfs
+        .find_vf(vf_pci)
+        .ok()
+        .and_then(|l| l.driver)
+        .is_some_and(|d| !crate::sysfs::USERSPACE_DRIVERS.contains(&d.as_str()));
+    if bound_to_netdev_driver {
+        NETDEV_RETURN_WAIT
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
 fn netdev_home(
     ctx: &Ctx<'_>,
     st: &VfState,
@@ -122,12 +142,12 @@ fn netdev_home(
         }
     }
     // When the pod netns was just destroyed the kernel hands the VF back to the host
-    // asynchronously (netns cleanup runs in a workqueue): look again for a short while before
-    // concluding that the netdev is gone.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    // asynchronously (netns cleanup runs in a workqueue, after RCU grace periods): look again
+    // before concluding that the netdev is gone.
+    let deadline = std::time::Instant::now() + return_wait(ctx, &st.vf_pci);
     let found = loop {
         let names = ctx.sysfs.vf_netdevs(&st.vf_pci).unwrap_or_default();
-        match restore::find_in_host(&mut host, &names, orig)? {
+        match restore::find_in_host(&mut host, &names, orig, &st.ifname)? {
             Some(l) => break Some(l),
             None if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50))

@@ -9,7 +9,7 @@ use netlink_packet_route::link::{
 };
 use netlink_packet_route::RouteNetlinkMessage;
 
-use crate::nl::Netlink;
+use crate::nl::{Link, Netlink};
 use crate::pf::{LinkState, MacAddr, PfError, PfVfConfig, VfConfig, VlanProto};
 
 /// One IFLA_VF_INFO attribute to set on a VF.
@@ -156,6 +156,20 @@ pub fn parse_vf(msg: &LinkMessage, vf: u32) -> Option<VfConfig> {
     None
 }
 
+/// Explains an EINVAL on a rate change when the PF has no link: igb (and other drivers) check
+/// the link speed and refuse any VF rate change, a reset to 0 included, while there is none.
+pub fn no_carrier_hint(s: &VfSetting, errno: Option<i32>, pf: &Link) -> String {
+    let no_link = !pf.up || pf.carrier == Some(false);
+    if matches!(s, VfSetting::Rate { .. }) && errno == Some(libc::EINVAL) && no_link {
+        format!(
+            " (PF {} has no carrier: the driver accepts no VF rate change without link)",
+            pf.name
+        )
+    } else {
+        String::new()
+    }
+}
+
 /// [`PfVfConfig`] over a netlink socket in the PF's (host) network namespace.
 pub struct NetlinkPf {
     nl: Mutex<Netlink>,
@@ -172,7 +186,7 @@ impl NetlinkPf {
         f(&mut g)
     }
 
-    fn pf_index(&self, nl: &mut Netlink, pf: &str) -> Result<u32, PfError> {
+    fn pf_link(&self, nl: &mut Netlink, pf: &str) -> Result<Link, PfError> {
         nl.link_by_name(pf)
             .map_err(|e| PfError::Failed {
                 op: "lookup PF",
@@ -180,20 +194,19 @@ impl NetlinkPf {
                 vf: 0,
                 cause: e.to_string(),
             })?
-            .map(|l| l.index)
             .ok_or_else(|| PfError::PfNotFound { pf: pf.into() })
     }
 
     fn set(&self, op: &'static str, pf: &str, vf: u32, s: VfSetting) -> Result<(), PfError> {
         self.with_nl(|nl| {
-            let idx = self.pf_index(nl, pf)?;
-            nl.request(op, set_vf_request(idx, vf, &s), NLM_F_ACK)
+            let link = self.pf_link(nl, pf)?;
+            nl.request(op, set_vf_request(link.index, vf, &s), NLM_F_ACK)
                 .map(drop)
                 .map_err(|e| PfError::Failed {
                     op,
                     pf: pf.into(),
                     vf,
-                    cause: e.to_string(),
+                    cause: e.to_string() + &no_carrier_hint(&s, e.errno(), &link),
                 })
         })
     }

@@ -151,12 +151,13 @@ pub fn move_back(
 }
 
 /// Finds a VF netdev that is in the host netns: by the names sysfs shows for the PCI address,
-/// else by the saved ifindex when the link there is called `dev<ifindex>` (the kernel's name for
-/// a physical netdev returned from a destroyed netns) or has its original name.
+/// else by the saved ifindex when the link there has one of the names a VF can come back with
+/// (see [`returned_name_matches`]).
 pub fn find_in_host(
     host: &mut Netlink,
     sysfs_names: &[String],
     orig: &NetdevOrig,
+    pod_ifname: &str,
 ) -> Result<Option<Link>, SriovError> {
     for n in sysfs_names {
         if let Some(l) = host.link_by_name(n)? {
@@ -164,9 +165,39 @@ pub fn find_in_host(
         }
     }
     if let Some(l) = host.link_by_index(orig.ifindex)? {
-        if l.name == orig.name || l.name == format!("dev{}", orig.ifindex) {
+        if returned_name_matches(&l.name, orig, pod_ifname) {
             return Ok(Some(l));
         }
     }
     Ok(None)
+}
+
+/// True when `name`, on the link with the VF's saved ifindex in the host, is a name the VF can
+/// have there: its original name, the pod ifname (the kernel returns a physical netdev of a
+/// destroyed netns under the name it had in the pod when that name is free in the host, as
+/// the VM tier shows on igbvf), or `dev<ifindex>` (the kernel's fallback when it is taken).
+pub fn returned_name_matches(name: &str, orig: &NetdevOrig, pod_ifname: &str) -> bool {
+    name == orig.name || name == pod_ifname || name == format!("dev{}", orig.ifindex)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pf::MacAddr;
+
+    #[test]
+    fn a_returned_vf_is_recognised_under_each_name_the_kernel_gives_it() {
+        let orig = NetdevOrig {
+            name: "ens1f0v3".into(),
+            mac: MacAddr::default(),
+            mtu: 1500,
+            ifindex: 42,
+        };
+        for n in ["ens1f0v3", "net1", "dev42"] {
+            assert!(returned_name_matches(n, &orig, "net1"), "{n}");
+        }
+        for n in ["dev43", "net2", "eth0"] {
+            assert!(!returned_name_matches(n, &orig, "net1"), "{n}");
+        }
+    }
 }

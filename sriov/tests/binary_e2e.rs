@@ -752,3 +752,34 @@ fn unsolicited_na_reaches_the_wire() {
     let (ok, _) = env.sriov("DEL", "c-na", "net1", &env.pod.path(), &conf);
     assert!(ok);
 }
+
+/// What the VM tier shows on a real kernel (igbvf, Linux 6.1): a VF in a destroyed netns comes
+/// back under the name it had in the pod (`net1`) when that name is free in the host (only a
+/// clash gives `dev<ifindex>`). Here sysfs is not updated either, so DEL finds it by ifindex.
+#[test]
+fn vf_returned_under_its_pod_name_is_renamed_back() {
+    let env = Env::new(1, 0);
+    let (pci, name) = vf(0);
+    let before = env.link(&env.host.name, &name).unwrap();
+    let pf_before = env.vf_config(0);
+    let mut pod = Ns::new("gone");
+    let conf = bank_conf("1.0.0", &pci);
+    let (ok, res) = env.sriov("ADD", "c-podname", "net1", &pod.path(), &conf);
+    assert!(ok, "{res}");
+    run(&[
+        "ip",
+        "-n",
+        &pod.name,
+        "link",
+        "set",
+        "net1",
+        "netns",
+        &env.host.name,
+    ]);
+    pod.delete();
+    assert!(env.link(&env.host.name, "net1").is_some());
+    let (ok, out) = env.sriov("DEL", "c-podname", "net1", "", &conf);
+    assert!(ok, "DEL after netns deletion: {out}");
+    assert!(env.link(&env.host.name, "net1").is_none(), "renamed back");
+    assert_restored(&env, 0, &before, &pf_before);
+}

@@ -173,3 +173,29 @@ fn reply_with_vf_table_parses_into_vf_config_by_vf_id() {
     assert_eq!(parse_vf(&m, 0).unwrap().vlan, 0);
     assert_eq!(parse_vf(&m, 2), None);
 }
+
+#[test]
+fn rate_einval_on_a_pf_without_link_says_why() {
+    let mut pf = Link {
+        index: 2,
+        name: "eth0".into(),
+        mac: vec![0; 6],
+        mtu: 1500,
+        up: true,
+        altnames: vec![],
+        carrier: Some(false),
+    };
+    let rate = VfSetting::Rate { min: 0, max: 100 };
+    let hint = no_carrier_hint(&rate, Some(libc::EINVAL), &pf);
+    assert!(hint.contains("PF eth0 has no carrier"), "{hint}");
+    pf.carrier = Some(true);
+    assert_eq!(no_carrier_hint(&rate, Some(libc::EINVAL), &pf), "");
+    pf.up = false;
+    assert!(!no_carrier_hint(&rate, Some(libc::EINVAL), &pf).is_empty());
+    // Only a rate EINVAL gets the hint.
+    assert_eq!(
+        no_carrier_hint(&VfSetting::Trust(true), Some(libc::EINVAL), &pf),
+        ""
+    );
+    assert_eq!(no_carrier_hint(&rate, Some(libc::EOPNOTSUPP), &pf), "");
+}
