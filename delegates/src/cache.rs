@@ -145,7 +145,7 @@ impl ResultCache {
         paths.sort();
         paths
             .iter()
-            .filter_map(|p| std::fs::read(p).ok())
+            .filter_map(|p| fsutil::read_capped(p, fsutil::MAX_STATE_FILE_BYTES).ok())
             .filter_map(|b| serde_json::from_slice::<CachedAttachment>(&b).ok())
             .filter(|c| c.kind == "cniCacheV1")
             .collect()

@@ -2,6 +2,7 @@
 //! environment, the config on stdin, a deadline, and the result or error on stdout.
 
 use plexus_conf::error::{code, CniError};
+use plexus_conf::limits;
 use plexus_conf::validate;
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -225,7 +226,11 @@ fn run(
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         if let Some(p) = err_pipe.as_mut() {
-            let _ = p.read_to_end(&mut buf);
+            // Keep the first MAX_DELEGATE_STDERR_BYTES for the log, drop the rest.
+            let _ = p
+                .take(limits::MAX_DELEGATE_STDERR_BYTES as u64)
+                .read_to_end(&mut buf);
+            let _ = std::io::copy(p, &mut std::io::sink());
         }
         let _ = err_tx.send(buf);
     });
@@ -233,13 +238,22 @@ fn run(
     let mut out_pipe = child.stdout.take();
     std::thread::spawn(move || {
         let mut buf = Vec::new();
+        let mut oversize = None;
         if let Some(p) = out_pipe.as_mut() {
-            let _ = p.read_to_end(&mut buf);
+            let cap = limits::MAX_DELEGATE_STDOUT_BYTES;
+            let _ = p.take(cap as u64 + 1).read_to_end(&mut buf);
+            if buf.len() > cap {
+                // Over the cap: stop the plugin, count what it had written.
+                kill_group(pid);
+                let rest = std::io::copy(p, &mut std::io::sink()).unwrap_or(0);
+                oversize = Some(buf.len() + rest as usize);
+                buf.clear();
+            }
         }
         let status = child.wait();
-        let _ = tx.send((status, buf));
+        let _ = tx.send((status, buf, oversize));
     });
-    let (status, stdout) = match rx.recv_timeout(timeout) {
+    let (status, stdout, oversize) = match rx.recv_timeout(timeout) {
         Ok(v) => v,
         Err(_) => {
             kill_group(pid);
@@ -256,6 +270,14 @@ fn run(
         }
     };
     let _ = writer.join();
+    if let Some(size) = oversize {
+        return Err(limits::too_large(
+            "plugin output",
+            size,
+            limits::MAX_DELEGATE_STDOUT_BYTES,
+            code::DECODE_FAILURE,
+        ));
+    }
     // A child of the plugin may keep stderr open: wait for it only until the deadline, then
     // kill the whole group (the plugin itself has exited by now).
     let remaining = timeout.saturating_sub(started.elapsed());
@@ -369,6 +391,41 @@ mod tests {
         let e = exec_plugin(&p, Verb::Del, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
         assert_eq!(e.code, code::INTERNAL);
         assert!(e.details.contains("not json") && e.details.contains("oops"));
+    }
+
+    #[test]
+    fn oversized_output_is_refused_and_the_plugin_stopped() {
+        let t = tempfile::tempdir().unwrap();
+        let cap = limits::MAX_DELEGATE_STDOUT_BYTES;
+        // Exactly cap+1 bytes (head -c), then the plugin would sleep: it must be killed.
+        let p = script(
+            t.path(),
+            "chatty",
+            &format!("head -c {} /dev/zero | tr '\\0' x; sleep 30", cap + 1),
+        );
+        let started = Instant::now();
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(20)).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "killed at once"
+        );
+        assert_eq!(e.code, code::DECODE_FAILURE);
+        assert_eq!(e.msg, "plugin chatty ADD: plugin output is too large");
+        assert_eq!(
+            e.details,
+            format!("{} bytes, the limit is {cap} bytes", cap + 1)
+        );
+        // A long stderr is cut for the log, not an error.
+        let p = script(
+            t.path(),
+            "noisy",
+            &format!(
+                "head -c {} /dev/zero >&2; echo '{{\"cniVersion\":\"1.0.0\"}}'",
+                4 * limits::MAX_DELEGATE_STDERR_BYTES
+            ),
+        );
+        let v = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(20)).unwrap();
+        assert_eq!(v.unwrap()["cniVersion"], "1.0.0");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Private files: atomic writes with 0600 files in 0700 directories.
 
+pub use plexus_conf::limits::MAX_STATE_FILE_BYTES;
 use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -60,9 +61,33 @@ fn write_renamed(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> io::Result
     result
 }
 
-/// Read a file, mapping "not found" to `None`.
+/// Read a file of at most `limit` bytes; a bigger one is an [`io::ErrorKind::InvalidData`] error
+/// saying "file is too large: N bytes, the limit is L bytes" (checked before reading, and again
+/// while reading in case it grows).
+pub fn read_capped(path: &Path, limit: usize) -> io::Result<Vec<u8>> {
+    let too_large = |n: u64| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("file is too large: {n} bytes, the limit is {limit} bytes"),
+        )
+    };
+    let f = fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    if len > limit as u64 {
+        return Err(too_large(len));
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    f.take(limit as u64 + 1).read_to_end(&mut buf)?;
+    if buf.len() > limit {
+        return Err(too_large(buf.len() as u64));
+    }
+    Ok(buf)
+}
+
+/// Read a state file (at most [`MAX_STATE_FILE_BYTES`], see [`read_capped`]), mapping
+/// "not found" to `None`.
 pub fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    match fs::read(path) {
+    match read_capped(path, MAX_STATE_FILE_BYTES) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
@@ -105,5 +130,28 @@ mod tests {
         remove_if_exists(&p).unwrap();
         remove_if_exists(&p).unwrap();
         assert!(read_optional(&p).unwrap().is_none());
+    }
+
+    #[test]
+    fn oversized_state_files_are_refused_with_their_size() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("big.json");
+        let f = fs::File::create(&p).unwrap();
+        f.set_len(MAX_STATE_FILE_BYTES as u64).unwrap();
+        assert_eq!(
+            read_optional(&p).unwrap().unwrap().len(),
+            MAX_STATE_FILE_BYTES
+        );
+        f.set_len(MAX_STATE_FILE_BYTES as u64 + 1).unwrap();
+        let e = read_optional(&p).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "file is too large: {} bytes, the limit is {MAX_STATE_FILE_BYTES} bytes",
+                MAX_STATE_FILE_BYTES + 1
+            )
+        );
+        assert!(read_capped(&p, 10).is_err());
     }
 }

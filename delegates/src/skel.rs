@@ -3,6 +3,7 @@
 //! exit code. Core logic receives `CmdArgs` by value and never reads the environment.
 
 use plexus_conf::error::{code, CniError};
+use plexus_conf::limits;
 use plexus_conf::result::CniResult;
 use plexus_conf::validate;
 use plexus_conf::version::{self, CniVersion};
@@ -87,6 +88,7 @@ impl CmdArgs {
     ) -> Result<Self, CniError> {
         let get = |k: &str| env(k).unwrap_or_default();
         let command = parse_command(&get("CNI_COMMAND"))?;
+        plexus_conf::limits::check_cni_args(get("CNI_ARGS").len())?;
         let required: &[&str] = match command {
             Command::Add | Command::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
             Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME"],
@@ -228,17 +230,40 @@ pub fn dispatch(
     }
 }
 
+/// Read the network configuration from `input` (stdin), keeping at most
+/// [`limits::MAX_STDIN_CONFIG_BYTES`]: a longer one is read to its end (so the writer is not
+/// blocked), counted and refused with code 6 naming its size; a read failure is code 5.
+pub fn read_config(input: impl Read) -> Result<Vec<u8>, CniError> {
+    let io_err =
+        |e: std::io::Error| CniError::new(code::IO_FAILURE, "failed to read stdin", e.to_string());
+    let mut input = input.take(limits::MAX_STDIN_CONFIG_BYTES as u64 + 1);
+    let mut buf = Vec::new();
+    input.read_to_end(&mut buf).map_err(io_err)?;
+    if buf.len() > limits::MAX_STDIN_CONFIG_BYTES {
+        let rest = std::io::copy(&mut input.into_inner(), &mut std::io::sink()).map_err(io_err)?;
+        return Err(limits::too_large(
+            "network configuration on stdin",
+            buf.len() + rest as usize,
+            limits::MAX_STDIN_CONFIG_BYTES,
+            code::DECODE_FAILURE,
+        ));
+    }
+    Ok(buf)
+}
+
+/// Print a failure to read the config as a CNI error; returns the exit code.
+pub fn print_read_error(e: CniError) -> i32 {
+    let o = error_outcome(e, version::CURRENT);
+    println!("{}", o.stdout);
+    o.exit_code
+}
+
 /// Read the process environment and stdin, run the plugin, print stdout; returns the exit code.
 pub fn run(plugin: &dyn Plugin) -> i32 {
-    let mut stdin = Vec::new();
-    if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
-        let o = error_outcome(
-            CniError::new(code::IO_FAILURE, "failed to read stdin", e.to_string()),
-            version::CURRENT,
-        );
-        println!("{}", o.stdout);
-        return o.exit_code;
-    }
+    let stdin = match read_config(std::io::stdin()) {
+        Ok(b) => b,
+        Err(e) => return print_read_error(e),
+    };
     let o = dispatch(plugin, |k| std::env::var(k).ok(), stdin);
     if !o.stdout.is_empty() {
         println!("{}", o.stdout);
@@ -342,6 +367,28 @@ mod tests {
         assert!(o.stdout.contains(r#""code":1"#), "{}", o.stdout);
         let o = dispatch(&Echo, env(&[("CNI_COMMAND", "FROB")]), b"{}".to_vec());
         assert!(o.stdout.contains(r#""code":4"#), "{}", o.stdout);
+    }
+
+    #[test]
+    fn oversized_stdin_and_cni_args_are_refused_with_their_size() {
+        let max = limits::MAX_STDIN_CONFIG_BYTES;
+        let fits = vec![b' '; max];
+        assert_eq!(read_config(&fits[..]).unwrap().len(), max);
+        let over = vec![b' '; max + 10];
+        let e = read_config(&over[..]).unwrap_err();
+        assert_eq!(e.code, code::DECODE_FAILURE);
+        assert_eq!(e.msg, "network configuration on stdin is too large");
+        assert_eq!(
+            e.details,
+            format!("{} bytes, the limit is {max} bytes", max + 10)
+        );
+        let args = format!("A={}", "x".repeat(limits::MAX_CNI_ARGS_BYTES));
+        let mut e = FULL.to_vec();
+        e.push(("CNI_ARGS", &args));
+        let o = dispatch(&Echo, env(&e), br#"{"cniVersion":"1.0.0"}"#.to_vec());
+        let v: Value = serde_json::from_str(&o.stdout).unwrap();
+        assert_eq!((o.exit_code, v["code"].as_u64()), (1, Some(4)));
+        assert_eq!(v["msg"], "CNI_ARGS is too large");
     }
 
     #[test]

@@ -5,6 +5,17 @@ use plexus_delegates::skel;
 use plexus_meta::k8s::InClusterEnv;
 use plexus_meta::{explain, plugin::Plexus};
 
+fn usage() -> String {
+    format!(
+        "plexus {}: multi-network CNI meta-plugin (CNI {})\n\
+         usage: plexus                      (run by the container runtime with CNI_COMMAND set)\n       \
+         plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname NAME]\n       \
+         plexus version",
+        env!("CARGO_PKG_VERSION"),
+        plexus_conf::version::SUPPORTED.join(", ")
+    )
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
@@ -13,14 +24,19 @@ fn main() {
             println!("plexus {}", env!("CARGO_PKG_VERSION"));
             return;
         }
-        _ => {}
+        Some("-h" | "--help" | "help") => {
+            println!("{}", usage());
+            return;
+        }
+        Some(other) => {
+            eprintln!("plexus: unknown command {other:?}\n{}", usage());
+            std::process::exit(2);
+        }
+        None => {}
     }
     if std::env::var_os("CNI_COMMAND").is_none() {
-        eprintln!(
-            "plexus {}: multi-network CNI meta-plugin (CNI {})\nusage: run by the container runtime with CNI_COMMAND set, or `plexus explain --help`",
-            env!("CARGO_PKG_VERSION"),
-            plexus_conf::version::SUPPORTED.join(", ")
-        );
+        // Like the Go skel's "about": a bare run without the CNI environment says what this is.
+        eprintln!("{}", usage());
         return;
     }
     skel::install_panic_hook();

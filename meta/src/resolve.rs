@@ -5,7 +5,9 @@
 use crate::plan::ResolvedNetwork;
 use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::nad;
+use plexus_conf::limits;
 use plexus_conf::netconf::NetConfList;
+use plexus_delegates::fsutil;
 use std::path::{Path, PathBuf};
 
 /// A NAD as plexus needs it.
@@ -75,7 +77,11 @@ pub fn read_conf_dir(dir: &Path) -> Vec<(String, Vec<u8>)> {
             if !wanted {
                 return None;
             }
-            std::fs::read(e.path()).ok().map(|b| (name, b))
+            // An unreadable or oversized file is skipped, like an unparsable one.
+            fsutil::read_capped(&e.path(), limits::MAX_CONFIG_FILE_BYTES)
+                .inspect_err(|err| tracing::warn!(file = %e.path().display(), error = %err, "config file skipped"))
+                .ok()
+                .map(|b| (name, b))
         })
         .collect()
 }
@@ -93,7 +99,8 @@ pub fn load_path(path: &Path) -> Result<NetConfList, CniError> {
         return NetConfList::parse(bytes)
             .map_err(|e| e.context(format!("{}/{name}", path.display())));
     }
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bytes =
+        fsutil::read_capped(path, limits::MAX_CONFIG_FILE_BYTES).map_err(|e| io_err(path, e))?;
     NetConfList::parse(&bytes).map_err(|e| e.context(path.display().to_string()))
 }
 
@@ -186,5 +193,31 @@ mod tests {
         assert_eq!(r.list.plugins[0].plugin_type(), "macvlan");
         let e = from_nad("db", "nope", &NadData::default(), t.path()).unwrap_err();
         assert!(e.msg.contains("db/nope"));
+    }
+
+    #[test]
+    fn oversized_config_files_are_refused_with_their_size() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("05-huge.conflist");
+        let mut cfg =
+            br#"{"cniVersion":"1.0.0","name":"huge","plugins":[{"type":"bridge"}]}"#.to_vec();
+        cfg.resize(limits::MAX_CONFIG_FILE_BYTES + 1, b' ');
+        std::fs::write(&p, &cfg).unwrap();
+        let e = load_path(&p).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("05-huge.conflist"), "{e}");
+        assert_eq!(
+            e.details,
+            format!(
+                "file is too large: {} bytes, the limit is {} bytes",
+                limits::MAX_CONFIG_FILE_BYTES + 1,
+                limits::MAX_CONFIG_FILE_BYTES
+            )
+        );
+        // In a directory it is skipped like an unparsable file; at the limit it loads.
+        assert!(read_conf_dir(t.path()).is_empty());
+        cfg.truncate(limits::MAX_CONFIG_FILE_BYTES);
+        std::fs::write(&p, &cfg).unwrap();
+        assert_eq!(load_path(&p).unwrap().name, "huge");
     }
 }

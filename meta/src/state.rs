@@ -115,8 +115,13 @@ impl PlanStore {
     pub fn load(&self, container_id: &str, ifname: &str) -> Result<Option<SavedPlan>, CniError> {
         let p = self.path(container_id, ifname);
         let Some(bytes) = fsutil::read_optional(&p).map_err(|e| {
+            // An oversized plan is as unusable as a corrupt one (code 6).
+            let code = match e.kind() {
+                std::io::ErrorKind::InvalidData => code::DECODE_FAILURE,
+                _ => code::IO_FAILURE,
+            };
             CniError::new(
-                code::IO_FAILURE,
+                code,
                 "failed to read the attachment plan",
                 format!("{}: {e}", p.display()),
             )
@@ -179,7 +184,10 @@ impl PlanStore {
     /// Whether a DEL already did everything a DEL with (`has_netns`) or without a usable
     /// network namespace could do for this attachment.
     pub fn deleted(&self, container_id: &str, ifname: &str, has_netns: bool) -> bool {
-        match std::fs::read(self.tombstone(container_id, ifname)) {
+        match fsutil::read_capped(
+            &self.tombstone(container_id, ifname),
+            fsutil::MAX_STATE_FILE_BYTES,
+        ) {
             Ok(content) => content.is_empty() || !has_netns,
             Err(_) => false,
         }
@@ -219,7 +227,7 @@ impl PlanStore {
         };
         rd.filter_map(Result::ok)
             .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|e| fsutil::read_capped(&e.path(), fsutil::MAX_STATE_FILE_BYTES).ok())
             .filter_map(|b| serde_json::from_slice::<SavedPlan>(&b).ok())
             .filter(|p| p.kind == KIND)
             .collect()
@@ -249,6 +257,20 @@ mod tests {
         assert!(s.load("c1", "eth0").unwrap().is_none());
         std::fs::write(t.path().join("plans/c2-eth0.json"), b"{trunc").unwrap();
         assert_eq!(s.load("c2", "eth0").unwrap_err().code, 6);
+        // An oversized plan is refused before it is read, naming its size and the limit.
+        let big = std::fs::File::create(t.path().join("plans/c3-eth0.json")).unwrap();
+        big.set_len(fsutil::MAX_STATE_FILE_BYTES as u64 + 1)
+            .unwrap();
+        let e = s.load("c3", "eth0").unwrap_err();
+        assert_eq!(e.code, 6);
+        assert!(
+            e.details.ends_with(&format!(
+                "file is too large: {} bytes, the limit is {} bytes",
+                fsutil::MAX_STATE_FILE_BYTES + 1,
+                fsutil::MAX_STATE_FILE_BYTES
+            )),
+            "{e}"
+        );
     }
 
     #[test]

@@ -22,9 +22,28 @@ fn log_options(stdin: &[u8]) -> LogOptions {
     }
 }
 
+const USAGE: &str = "usage: sriov list [--json] [--sysfs-root DIR] [--state-dir DIR]
+       sriov version
+       sriov (run by the container runtime or plexus with CNI_COMMAND set and the config on stdin)";
+
 fn main() {
     let settings = Settings::from_env(|k| std::env::var(k).ok());
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    match argv.first().map(String::as_str) {
+        None | Some("list") => {}
+        Some("version" | "--version") => {
+            println!("sriov {}", env!("CARGO_PKG_VERSION"));
+            return;
+        }
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            return;
+        }
+        Some(other) => {
+            eprintln!("sriov: unknown command {other:?}\n{USAGE}");
+            std::process::exit(2);
+        }
+    }
     if argv.first().map(String::as_str) == Some("list") {
         logging::init(&LogOptions {
             level: "warn".into(),
@@ -34,6 +53,8 @@ fn main() {
         });
         match list_main(&argv[1..], &settings) {
             Ok(out) => print!("{out}"),
+            // --help: the usage is the "error".
+            Err(e) if e.starts_with("usage:") => println!("{e}"),
             Err(e) => {
                 eprintln!("sriov list: {e}");
                 std::process::exit(2);
@@ -42,8 +63,10 @@ fn main() {
         return;
     }
     skel::install_panic_hook();
-    let mut stdin = Vec::new();
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut stdin);
+    let stdin = match skel::read_config(std::io::stdin()) {
+        Ok(b) => b,
+        Err(e) => std::process::exit(skel::print_read_error(e)),
+    };
     logging::init(&log_options(&stdin));
     let plugin = SriovPlugin { settings };
     let o = skel::dispatch(&plugin, |k| std::env::var(k).ok(), stdin);
