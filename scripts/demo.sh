@@ -4,6 +4,10 @@
 # net1/data0 from NetworkAttachmentDefinitions, writes the pod's network-status, then DEL
 # removes everything.
 set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: run as root (sudo $0 if you are not root)" >&2
+  exit 1
+fi
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo build --release --locked -p plexus-meta -p plexus-e2e --bins 2>&1 | tail -1

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Run every check and test of the workspace (as root: the tests create network namespaces).
 set -euo pipefail
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: run as root (sudo $0 if you are not root)" >&2
+  exit 1
+fi
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 export CARGO_TERM_COLOR=never
