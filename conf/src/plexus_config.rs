@@ -113,6 +113,15 @@ pub struct PlexusConfig {
     /// Plexus: the kubelet device-manager checkpoint, the fallback for allocations.
     #[serde(default = "default_device_checkpoint")]
     pub device_checkpoint_file: String,
+    /// Plexus: root of the NPWG device-info files (`dp/` written by device plugins, `cni/` per
+    /// attachment).
+    #[serde(default = "default_device_info_dir")]
+    pub device_info_dir: String,
+    /// Plexus: write each DRA-backed attachment's interface, IPs and MAC into its
+    /// ResourceClaim's `status.devices[].networkData` (turned off for the call when RBAC
+    /// forbids it).
+    #[serde(default = "default_true")]
+    pub dra_network_data: bool,
     /// Runtime-provided previous result (plexus as a chained plugin; unused).
     #[serde(default)]
     pub prev_result: Option<Value>,
@@ -147,6 +156,9 @@ fn default_pod_resources_socket() -> String {
 }
 fn default_device_checkpoint() -> String {
     "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint".into()
+}
+fn default_device_info_dir() -> String {
+    crate::k8s::devinfo::DEFAULT_DIR.into()
 }
 fn default_pod_timeout() -> u64 {
     2500

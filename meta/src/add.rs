@@ -14,6 +14,7 @@ use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::network_status::{statuses_from_result, to_annotation, NetworkStatus};
 use plexus_conf::version;
 use plexus_delegates::skel::{AddOutput, CmdArgs};
+use std::path::Path;
 
 /// The runtime capability carrying the pod's annotations (containerd, CRI-O).
 pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
@@ -36,6 +37,7 @@ pub fn pod_from_runtime(
             .iter()
             .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
             .collect(),
+        claims: None,
     })
 }
 
@@ -58,6 +60,7 @@ pub fn fetch_pod(
                 ..id.clone()
             },
             annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+            claims: Some(crate::pod::PodClaims::from_pod(&pod)),
         })),
         Ok(None) => {
             tracing::warn!(pod = %id.key(), "pod not found (deleted during ADD?): attaching the default network only");
@@ -136,25 +139,11 @@ pub fn network_status(plan: &[PlannedAttachment], done: &[Attached]) -> Vec<Netw
         .collect()
 }
 
-/// NPWG device-info (spec 1.1.0, type `pci`) for an attachment that uses a PCI device: the
-/// `deviceID` in its config (the NAD's, or the one the device plugin allocated). DPDK
-/// applications read their VF's address from it.
+/// NPWG device-info for an attachment that uses a device: its device-info file as the
+/// delegate left it, else a `pci` document for the PCI address in its config (the NAD's, or
+/// the allocated device). DPDK applications read their VF's address from it.
 pub fn device_info(a: &PlannedAttachment) -> Option<serde_json::Value> {
-    let id = |v: &serde_json::Value| {
-        v.get("deviceID")
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_string)
-    };
-    let dev = id(&a.config).or_else(|| {
-        a.config
-            .get("plugins")
-            .and_then(serde_json::Value::as_array)
-            .and_then(|ps| ps.iter().find_map(id))
-    })?;
-    // Only a PCI address is reported as one (device plugins may hand out other IDs).
-    plexus_conf::k8s::selection::is_pci_address(&dev).then(
-        || serde_json::json!({"type": "pci", "version": "1.1.0", "pci": {"pci-address": dev}}),
-    )
+    crate::devices::devinfo::read(a)
 }
 
 /// What ADD knows before it changes anything: the pod, its label for messages, the API client
@@ -251,13 +240,21 @@ fn plan_pod(
         pod.map(|p| p.id.namespace.as_str()).unwrap_or(""),
     );
     let nads = fetch_nads(ctx, client, &refs, label)?;
-    // Device-plugin networks: ask the kubelet what it allocated, only when a NAD needs it.
-    let needs_devices = nads.values().flatten().any(|n| n.resource_name.is_some());
-    let devices = match (needs_devices, pod) {
-        (true, Some(p)) => Some(crate::devices::lookup(ctx, p)?),
-        _ => None,
+    // Device networks: ask the kubelet (device plugins) and the pod's DRA claims what was
+    // allocated, only when a NAD names a resource.
+    let wanted: std::collections::BTreeSet<String> = nads
+        .values()
+        .flatten()
+        .filter_map(|n| n.resource_name.clone())
+        .collect();
+    let (devices, dra_devices) = match (wanted.is_empty(), pod) {
+        (false, Some(p)) => {
+            let (map, found) = crate::devices::allocated(ctx, client, p, &wanted)?;
+            (Some(map), found)
+        }
+        _ => (None, Vec::new()),
     };
-    let plan = planner::make_plan(
+    let mut plan = planner::make_plan(
         &ctx.config,
         &args.ifname,
         cni_args,
@@ -266,6 +263,12 @@ fn plan_pod(
         &nads,
         devices.as_ref(),
     )?;
+    crate::devices::annotate(
+        &mut plan,
+        &dra_devices,
+        std::path::Path::new(&ctx.config.device_info_dir),
+        &args.container_id,
+    );
     attach::validate_plugins(&ctx.runtime, &plan, label)?;
     Ok(plan)
 }
@@ -305,12 +308,14 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         id.clone(),
         plan.clone(),
     ))?;
+    crate::devices::devinfo::seed(&plan, Path::new(&ctx.config.device_info_dir));
     let done = match attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label) {
         Ok(d) => d,
         Err(f) => {
             // A clean rollback leaves nothing for the runtime's DEL to do; otherwise the
             // saved plan stays so that DEL retries the cleanup.
             if f.clean {
+                crate::devices::devinfo::remove(&plan);
                 let _ = ctx.store.remove(&args.container_id, &args.ifname);
                 ctx.store.finish_delete(&args.container_id, &args.ifname);
                 drop(lock);
@@ -357,6 +362,9 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
                 ));
             }
         }
+    }
+    if let Some(client) = client.as_ref() {
+        crate::devices::claims::write_network_data(ctx, client, &plan, &done);
     }
     post_event(
         ctx,

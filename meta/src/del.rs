@@ -131,13 +131,18 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
         &netns,
         &label,
     ) {
-        Ok(()) => finish(ctx, args, &label, reached_everything),
+        Ok(()) => {
+            crate::devices::devinfo::remove(&record.attachments);
+            crate::devices::claims::release_network_data(ctx, &record.attachments);
+            finish(ctx, args, &label, reached_everything)
+        }
         Err(e) => {
             record.del_failures += 1;
             if !ctx.config.retry_delete_on_error && record.del_failures >= MAX_DEL_ATTEMPTS {
                 tracing::error!(error = %e, attempts = record.del_failures,
                     "DEL keeps failing; giving up: what the failing delegates hold may be left behind");
                 attach::forget_results(&ctx.runtime, &record.attachments, &args.container_id);
+                crate::devices::devinfo::remove(&record.attachments);
                 return finish(ctx, args, &label, true);
             }
             if let Err(save) = ctx.store.save(&record) {
@@ -236,6 +241,8 @@ fn from_cache(c: &CachedAttachment) -> Option<PlannedAttachment> {
         default_route: Vec::new(),
         filter_v4: false,
         filter_v6: false,
+        resource_name: None,
+        dra: None,
     })
 }
 
@@ -338,6 +345,8 @@ mod tests {
                 default_route: vec![],
                 filter_v4: false,
                 filter_v6: false,
+                resource_name: None,
+                dra: None,
             },
             PlannedAttachment {
                 network: "ns/extra".into(),
@@ -349,6 +358,8 @@ mod tests {
                 default_route: vec![],
                 filter_v4: false,
                 filter_v6: false,
+                resource_name: None,
+                dra: None,
             },
         ];
         let plan = merge(

@@ -65,6 +65,9 @@ pub fn explain(
             .and_then(|m| m.get("annotations"))
             .and_then(|a| serde_json::from_value(a.clone()).ok())
             .unwrap_or_default(),
+        claims: serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(pod.clone())
+            .ok()
+            .map(|p| crate::pod::PodClaims::from_pod(&p)),
     };
     let mut map = NadMap::new();
     for n in nads {

@@ -53,6 +53,12 @@ pub struct PlannedAttachment {
     /// Remove IPv6 default routes from this interface after ADD.
     #[serde(default)]
     pub filter_v6: bool,
+    /// The resource whose allocated device (`capability_args.deviceID`) this attachment uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_name: Option<String>,
+    /// The DRA device behind that device ID, when it came from a ResourceClaim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<crate::devices::dra::DraDevice>,
 }
 
 impl PlannedAttachment {
@@ -231,6 +237,8 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
         default_route: Vec::new(),
         filter_v4: false,
         filter_v6: false,
+        resource_name: None,
+        dra: None,
     });
     let mut allocator = DeviceAllocator {
         devices: input.devices,
@@ -240,9 +248,10 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
         let idx = out.len();
         let mut config = net.list.to_value();
         let mut capability_args = Map::new();
-        if let Some(id) = allocator.take(net, &ctx)? {
-            inject(&mut config, None, Some(&id));
-            capability_args.insert("deviceID".into(), Value::from(id));
+        let allocated = allocator.take(net, &ctx)?;
+        if let Some(id) = &allocated {
+            inject(&mut config, None, Some(id));
+            capability_args.insert("deviceID".into(), Value::from(id.clone()));
         }
         out.push(PlannedAttachment {
             network: net.name.clone(),
@@ -254,6 +263,8 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
             default_route: Vec::new(),
             filter_v4: false,
             filter_v6: false,
+            resource_name: allocated.and(net.resource_name.clone()),
+            dra: None,
         });
     }
     for (sel, net) in &input.selected {
@@ -284,6 +295,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
         // A pod's deviceID reaches the delegate only as runtimeConfig.deviceID, and only when the
         // NAD declares the capability: a pod author must not pick any NIC of the node.
         inject(&mut config, sel.cni_args.as_ref(), allocated.as_deref());
+        let resource_name = allocated.as_ref().and(net.resource_name.clone());
         if let Some(id) = allocated {
             caps.insert("deviceID".into(), Value::from(id));
         }
@@ -297,6 +309,8 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
             default_route: sel.default_route.clone(),
             filter_v4: false,
             filter_v6: false,
+            resource_name,
+            dra: None,
         });
     }
     // Interface names: valid and unique.

@@ -241,6 +241,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            claims: None,
         }
     }
 

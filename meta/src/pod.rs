@@ -48,6 +48,66 @@ pub struct PodInfo {
     pub id: PodIdentity,
     /// The pod's annotations.
     pub annotations: BTreeMap<String, String>,
+    /// The pod's DRA claims; `None` when the pod object was not read (the runtime passed the
+    /// annotations).
+    pub claims: Option<PodClaims>,
+}
+
+/// The DRA side of a pod: which ResourceClaims hold its devices, on which node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodClaims {
+    /// `spec.nodeName` (the node whose ResourceSlices describe the devices).
+    pub node_name: String,
+    /// API names of the pod's claims (`status.resourceClaimStatuses[].resourceClaimName`).
+    pub claims: Vec<String>,
+    /// `status.extendedResourceClaimStatus`: the claim holding extended-resource requests.
+    pub extended: Option<ExtendedClaim>,
+}
+
+/// A claim made for extended resources, with its request ↔ resource name mapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtendedClaim {
+    /// The claim's API name.
+    pub claim_name: String,
+    /// `(resourceName, requestName)` per mapping.
+    pub mappings: Vec<(String, String)>,
+}
+
+impl PodClaims {
+    /// Read from a pod object.
+    pub fn from_pod(pod: &k8s_openapi::api::core::v1::Pod) -> PodClaims {
+        let status = pod.status.as_ref();
+        PodClaims {
+            node_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+            claims: status
+                .and_then(|s| s.resource_claim_statuses.as_ref())
+                .map(|l| {
+                    l.iter()
+                        .filter_map(|c| c.resource_claim_name.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            extended: status
+                .and_then(|s| s.extended_resource_claim_status.as_ref())
+                .map(|e| ExtendedClaim {
+                    claim_name: e.resource_claim_name.clone(),
+                    mappings: e
+                        .request_mappings
+                        .iter()
+                        .map(|m| (m.resource_name.clone(), m.request_name.clone()))
+                        .collect(),
+                }),
+        }
+    }
+
+    /// True when the pod has no claims at all.
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.extended.is_none()
+    }
 }
 
 #[cfg(test)]

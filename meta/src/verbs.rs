@@ -166,6 +166,9 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
                 &label,
             )
             .and_then(|()| ctx.store.remove(&plan.container_id, &plan.ifname));
+            if res.is_ok() {
+                crate::devices::devinfo::remove(&plan.attachments);
+            }
             match res {
                 Ok(()) => ctx.store.finish_delete(&plan.container_id, &plan.ifname),
                 Err(e) => errors.push(e),

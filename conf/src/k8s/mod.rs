@@ -1,6 +1,7 @@
 //! Kubernetes-side data: network selection annotations, NAD configs, network-status.
 
 pub mod checkpoint;
+pub mod devinfo;
 pub mod nad;
 pub mod network_status;
 pub mod selection;

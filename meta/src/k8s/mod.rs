@@ -18,6 +18,7 @@
 //! `https://` and plain `http://` servers.
 
 mod client;
+mod dra;
 mod error;
 mod events;
 mod nads;
@@ -30,6 +31,7 @@ mod testutil;
 mod tls_tests;
 
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
+pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER};
 pub use error::{K8sError, CNI_INVALID_CONFIG, CNI_K8S_FAILURE, CNI_TRY_AGAIN_LATER};
 pub use events::{build_event, EventType, PodRef, EVENT_ACTION, EVENT_COMPONENT};
 pub use nads::{Nad, NadSpec, NetworkAttachmentDefinition, RESOURCE_NAME_ANNOTATION};

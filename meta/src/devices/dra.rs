@@ -1,0 +1,379 @@
+//! DRA device lookup, compatible with Multus' contract: the pod's ResourceClaims → their
+//! allocation results → each device in its driver's ResourceSlices on the pod's node → the
+//! device's `k8s.cni.cncf.io/deviceID` and `k8s.cni.cncf.io/resourceName` attributes. Devices
+//! without them (a GPU in the same claim) are skipped; a claim without allocation, or a device
+//! the slices do not describe, is an error naming it.
+
+use crate::k8s::KubeClient;
+use crate::plan::DeviceMap;
+use crate::pod::{ExtendedClaim, PodClaims};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use plexus_conf::error::{code, CniError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Device attribute holding the device ID (a VF's PCI address).
+pub const DEVICE_ID_ATTR: &str = "k8s.cni.cncf.io/deviceID";
+/// Device attribute holding the resource name a NAD refers to.
+pub const RESOURCE_NAME_ATTR: &str = "k8s.cni.cncf.io/resourceName";
+
+/// A DRA-allocated device a network can use, as recorded in the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraDevice {
+    /// The claim's namespace (the pod's).
+    pub claim_namespace: String,
+    /// The claim's API name.
+    pub claim_name: String,
+    /// Driver.
+    pub driver: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name in the pool.
+    pub device: String,
+    /// `k8s.cni.cncf.io/deviceID`.
+    pub device_id: String,
+    /// `k8s.cni.cncf.io/resourceName` (or the extended-resource mapping's name).
+    pub resource_name: String,
+}
+
+/// An allocation result to look up: which claim, driver, pool, device, request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Allocated {
+    claim: String,
+    driver: String,
+    pool: String,
+    device: String,
+    request: String,
+}
+
+fn err(label: &str, msg: String, details: impl Into<String>) -> CniError {
+    CniError::new(code::INVALID_CONFIG, format!("{label}: {msg}"), details)
+}
+
+/// The allocation results of `claim`; an error when it has none yet.
+fn allocated(claim: &ResourceClaim, label: &str) -> Result<Vec<Allocated>, CniError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .map(|a| a.devices.as_ref().and_then(|d| d.results.clone()).unwrap_or_default())
+        .ok_or_else(|| {
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("{label}: ResourceClaim {name} is not allocated"),
+                "the claim has no status.allocation yet; the scheduler allocates it before the pod starts",
+            )
+        })?;
+    Ok(results
+        .into_iter()
+        .map(|r| Allocated {
+            claim: name.clone(),
+            driver: r.driver,
+            pool: r.pool,
+            device: r.device,
+            request: r.request,
+        })
+        .collect())
+}
+
+/// A device's string attribute.
+fn attribute(slice: &ResourceSlice, device: &str, key: &str) -> Option<Option<String>> {
+    let d = slice
+        .spec
+        .devices
+        .as_ref()?
+        .iter()
+        .find(|d| d.name == device)?;
+    Some(
+        d.attributes
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .and_then(|v| v.string.clone())
+            .filter(|s| !s.is_empty()),
+    )
+}
+
+/// Resolve the claims' allocated devices against the slices. `claims` are the pod's claims
+/// (already fetched), `extended` the extended-resource claim mapping if any.
+pub fn resolve(
+    namespace: &str,
+    node: &str,
+    claims: &[ResourceClaim],
+    extended: Option<&ExtendedClaim>,
+    slices: &[ResourceSlice],
+    label: &str,
+) -> Result<Vec<DraDevice>, CniError> {
+    let mut out = Vec::new();
+    for claim in claims {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mapping = extended.filter(|e| e.claim_name == name);
+        for a in allocated(claim, label)? {
+            let slice = slices.iter().find(|s| {
+                s.spec.driver == a.driver
+                    && s.spec.pool.name == a.pool
+                    && attribute(s, &a.device, DEVICE_ID_ATTR).is_some()
+            });
+            let Some(slice) = slice else {
+                return Err(err(
+                    label,
+                    format!(
+                        "device {}/{}/{} of ResourceClaim {} is not in any ResourceSlice of node {node}",
+                        a.driver, a.pool, a.device, a.claim
+                    ),
+                    "the DRA driver has not published it (or unpublished it); the claim cannot be used",
+                ));
+            };
+            let Some(device_id) = attribute(slice, &a.device, DEVICE_ID_ATTR).flatten() else {
+                tracing::debug!(device = %a.device, "allocated device has no deviceID attribute: not a network device");
+                continue;
+            };
+            let attr_resource = attribute(slice, &a.device, RESOURCE_NAME_ATTR).flatten();
+            let resource = match mapping {
+                Some(m) => {
+                    let base = a.request.split('/').next().unwrap_or_default();
+                    let Some((wanted, _)) = m.mappings.iter().find(|(_, req)| req == base) else {
+                        continue;
+                    };
+                    if let Some(got) = attr_resource.as_ref().filter(|g| *g != wanted) {
+                        return Err(err(
+                            label,
+                            format!(
+                                "device {} of ResourceClaim {} has resourceName {got}, but the pod's extended resource {wanted} maps to it",
+                                a.device, a.claim
+                            ),
+                            format!("attribute {RESOURCE_NAME_ATTR} must equal the extended resource name"),
+                        ));
+                    }
+                    wanted.clone()
+                }
+                None => match attr_resource {
+                    Some(r) => r,
+                    None => {
+                        tracing::debug!(device = %a.device, "allocated device has no resourceName attribute: skipped");
+                        continue;
+                    }
+                },
+            };
+            out.push(DraDevice {
+                claim_namespace: namespace.to_string(),
+                claim_name: a.claim.clone(),
+                driver: a.driver,
+                pool: a.pool,
+                device: a.device,
+                device_id,
+                resource_name: resource,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Device IDs per resource name, sorted, as the planner consumes them.
+pub fn device_map(devices: &[DraDevice]) -> DeviceMap {
+    let mut map: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for d in devices {
+        map.entry(d.resource_name.clone())
+            .or_default()
+            .insert(d.device_id.clone());
+    }
+    map.into_iter()
+        .map(|(k, v)| (k, v.into_iter().collect()))
+        .collect()
+}
+
+/// Fetch the pod's claims and the slices of their drivers on its node (one GET per claim, one
+/// LIST per driver), then [`resolve`].
+pub async fn lookup(
+    client: &KubeClient,
+    namespace: &str,
+    pod: &PodClaims,
+    label: &str,
+) -> Result<Vec<DraDevice>, CniError> {
+    let mut names: Vec<&str> = pod.claims.iter().map(String::as_str).collect();
+    if let Some(e) = &pod.extended {
+        if !names.contains(&e.claim_name.as_str()) {
+            names.push(&e.claim_name);
+        }
+    }
+    let fetched = futures::future::join_all(
+        names
+            .iter()
+            .map(|n| client.get_resource_claim(namespace, n)),
+    )
+    .await;
+    let mut claims = Vec::new();
+    for (name, got) in names.iter().zip(fetched) {
+        match got {
+            Ok(Some(c)) => claims.push(c),
+            Ok(None) => {
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!("{label}: ResourceClaim {namespace}/{name} does not exist"),
+                    "the pod's status names a claim the API server does not have",
+                ))
+            }
+            Err(e) => {
+                return Err(CniError::new(
+                    e.cni_code(),
+                    format!("{label}: cannot read ResourceClaim {namespace}/{name}"),
+                    e.to_string(),
+                ))
+            }
+        }
+    }
+    let mut drivers = BTreeSet::new();
+    for c in &claims {
+        for a in allocated(c, label)? {
+            drivers.insert(a.driver);
+        }
+    }
+    let listed = futures::future::join_all(
+        drivers
+            .iter()
+            .map(|d| client.list_resource_slices(&pod.node_name, d)),
+    )
+    .await;
+    let mut slices = Vec::new();
+    for (driver, got) in drivers.iter().zip(listed) {
+        slices.extend(got.map_err(|e| {
+            CniError::new(
+                e.cni_code(),
+                format!(
+                    "{label}: cannot list the ResourceSlices of driver {driver} on node {}",
+                    pod.node_name
+                ),
+                e.to_string(),
+            )
+        })?);
+    }
+    resolve(
+        namespace,
+        &pod.node_name,
+        &claims,
+        pod.extended.as_ref(),
+        &slices,
+        label,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim(name: &str, results: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "bank"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": results}}}
+        }))
+        .unwrap()
+    }
+
+    fn result(request: &str, device: &str) -> serde_json::Value {
+        json!({"request": request, "driver": "sriov.example.com", "pool": "node1", "device": device})
+    }
+
+    fn slices() -> Vec<ResourceSlice> {
+        let dev = |name: &str, id: Option<&str>, res: Option<&str>| {
+            let mut attrs = serde_json::Map::new();
+            if let Some(id) = id {
+                attrs.insert(DEVICE_ID_ATTR.into(), json!({"string": id}));
+            }
+            if let Some(r) = res {
+                attrs.insert(RESOURCE_NAME_ATTR.into(), json!({"string": r}));
+            }
+            json!({"name": name, "attributes": attrs})
+        };
+        vec![serde_json::from_value(json!({
+            "metadata": {"name": "node1-sriov"},
+            "spec": {"driver": "sriov.example.com", "nodeName": "node1",
+                     "pool": {"name": "node1", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [
+                        dev("vf-1", Some("0000:00:12.2"), Some("intel.com/sriov_a")),
+                        dev("vf-0", Some("0000:00:12.0"), Some("intel.com/sriov_a")),
+                        dev("vf-2", Some("0000:00:12.4"), Some("intel.com/sriov_b")),
+                        dev("gpu-0", None, None),
+                        dev("vf-x", Some("0000:00:12.6"), None)]}
+        }))
+        .unwrap()]
+    }
+
+    #[test]
+    fn devices_map_to_sorted_ids_per_resource_and_non_network_devices_are_skipped() {
+        let c = claim(
+            "pg-vfs",
+            json!([
+                result("vfs", "vf-1"),
+                result("vfs", "vf-0"),
+                result("vfs", "vf-2"),
+                result("gpu", "gpu-0"),
+                result("vfs", "vf-x")
+            ]),
+        );
+        let devs = resolve("bank", "node1", &[c], None, &slices(), "pod bank/pg-0").unwrap();
+        assert_eq!(devs.len(), 3);
+        let map = device_map(&devs);
+        assert_eq!(
+            map["intel.com/sriov_a"],
+            vec!["0000:00:12.0", "0000:00:12.2"]
+        );
+        assert_eq!(map["intel.com/sriov_b"], vec!["0000:00:12.4"]);
+        assert_eq!(devs[0].claim_name, "pg-vfs");
+        assert_eq!(devs[0].device, "vf-1");
+    }
+
+    #[test]
+    fn a_claim_without_allocation_and_an_unpublished_device_are_errors() {
+        let unallocated: ResourceClaim = serde_json::from_value(
+            json!({"metadata": {"name": "pending", "namespace": "bank"}, "spec": {}}),
+        )
+        .unwrap();
+        let e = resolve(
+            "bank",
+            "node1",
+            &[unallocated],
+            None,
+            &slices(),
+            "pod bank/pg-0",
+        )
+        .unwrap_err();
+        assert!(
+            e.msg.contains("ResourceClaim pending is not allocated"),
+            "{e}"
+        );
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        let c = claim("pg-vfs", json!([result("vfs", "vf-9")]));
+        let e = resolve("bank", "node1", &[c], None, &slices(), "pod bank/pg-0").unwrap_err();
+        assert!(
+            e.msg.contains("vf-9") && e.msg.contains("pg-vfs") && e.msg.contains("node1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn extended_resources_use_the_mapping_and_refuse_a_mismatch() {
+        let c = claim(
+            "pg-ext",
+            json!([
+                result("container-0-request-0", "vf-x"),
+                result("other", "vf-2")
+            ]),
+        );
+        let ext = ExtendedClaim {
+            claim_name: "pg-ext".into(),
+            mappings: vec![("intel.com/sriov_c".into(), "container-0-request-0".into())],
+        };
+        let devs = resolve("bank", "node1", &[c], Some(&ext), &slices(), "pod").unwrap();
+        assert_eq!(devs.len(), 1, "only mapped requests count");
+        assert_eq!(devs[0].resource_name, "intel.com/sriov_c");
+        let bad = claim("pg-ext", json!([result("container-0-request-0", "vf-2")]));
+        let e = resolve("bank", "node1", &[bad], Some(&ext), &slices(), "pod").unwrap_err();
+        assert!(
+            e.msg.contains("intel.com/sriov_b") && e.msg.contains("intel.com/sriov_c"),
+            "{e}"
+        );
+    }
+}
