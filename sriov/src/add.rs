@@ -126,7 +126,12 @@ pub fn add(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<CniResult, S
         pod_index: 0,
     };
     match a.run(&mode) {
-        Ok(r) => Ok(r),
+        Ok(r) => {
+            if let Some(f) = &conf.device_info_file {
+                crate::devinfo::write(f, &vf_pci, &loc.pf_pci);
+            }
+            Ok(r)
+        }
         Err((step, e)) => Err(a.rollback(step, e)),
     }
 }

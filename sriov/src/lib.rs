@@ -6,6 +6,7 @@ pub mod add;
 pub mod check;
 pub mod ctx;
 pub mod del;
+pub mod devinfo;
 pub mod error;
 pub mod fake_sysfs;
 pub mod garp;

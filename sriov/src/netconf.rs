@@ -2,7 +2,7 @@
 //!
 //! Pure functions over bytes: no file, sysfs or environment access.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
@@ -107,6 +107,8 @@ pub struct NetConf {
     pub link_state: Option<LinkState>,
     /// `min_tx_rate` / `max_tx_rate` (unset one = 0, as sriov-cni).
     pub rate: Option<RateSpec>,
+    /// `runtimeConfig.CNIDeviceInfoFile`: the NPWG device-info file to write after ADD.
+    pub device_info_file: Option<PathBuf>,
     /// `mtu` (plexus addition): the VF netdev MTU inside the pod.
     pub mtu: Option<u32>,
     /// `ipam.type`, when IPAM is configured.
@@ -389,6 +391,16 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         }
     }
     let mac = rc_mac.or(args_mac).or(cfg_mac);
+    let device_info_file = match rc.and_then(|r| r.get("CNIDeviceInfoFile")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) if Path::new(s).is_absolute() => Some(PathBuf::from(s)),
+        Some(other) => {
+            return Err(err(format!(
+                "runtimeConfig.CNIDeviceInfoFile must be an absolute path, got {other}"
+            )))
+        }
+    };
 
     let spoofchk = has("spoofchk")
         .map(|v| on_off(v, "spoofchk"))
@@ -481,6 +493,7 @@ pub fn parse(stdin: &[u8], cni_args: &str, purpose: Purpose) -> Result<NetConf, 
         trust,
         link_state,
         rate,
+        device_info_file,
         mtu,
         ipam_type,
         log_level,

@@ -267,3 +267,16 @@ fn gc_valid_attachments_are_read() {
         Some(vec![("c1".into(), "net1".into())])
     );
 }
+
+#[test]
+fn device_info_file_comes_from_runtime_config_and_must_be_absolute() {
+    let c = parse_ok(r#","runtimeConfig":{"CNIDeviceInfoFile":"/run/devinfo/cni/n-c1_net1"}"#);
+    assert_eq!(
+        c.device_info_file.as_deref(),
+        Some(std::path::Path::new("/run/devinfo/cni/n-c1_net1"))
+    );
+    assert!(parse_ok("").device_info_file.is_none());
+    assert!(
+        parse_err(r#","runtimeConfig":{"CNIDeviceInfoFile":"rel/path"}"#).contains("absolute path")
+    );
+}
