@@ -7,7 +7,8 @@
 #   KERNEL_TREE: an unpacked linux-image package (scripts/vm-kernel.sh makes target/vm/kernel)
 #
 # The kernel command line tells /init what to run: plexus.run=<absolute path in the host root>,
-# plexus.out=<host directory shared writable as mount tag "out">, plexus.args=<one argument>.
+# plexus.out=<host directory shared writable as mount tag "out">, plexus.args=<one argument>,
+# plexus.cases=<comma-separated case-name filters, passed on as PLEXUS_VM_CASES>.
 set -euo pipefail
 tree="$(readlink -f "$1")"
 out="$2"
@@ -65,6 +66,7 @@ arg() { for w in $(cat /proc/cmdline); do case "$w" in "$1="*) echo "${w#*=}";; 
 run="$(arg plexus.run)"
 outdir="$(arg plexus.out)"
 args="$(arg plexus.args)"
+cases="$(arg plexus.cases)"
 o=trans=virtio,version=9p2000.L,msize=512000
 if ! mount -t 9p -o "$o,cache=loose,ro" hostroot /host; then
   echo "vm-init: cannot mount the host root over 9p"; poweroff -f
@@ -80,7 +82,7 @@ mkdir -p "/host$outdir" 2>/dev/null
 mount -t 9p -o "$o" out "/host$outdir" || echo "vm-init: cannot mount the out share"
 echo "vm-init: running $run $args"
 chroot /host /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  HOME=/root PLEXUS_VM_OUT="$outdir" "$run" $args
+  HOME=/root PLEXUS_VM_OUT="$outdir" PLEXUS_VM_CASES="$cases" "$run" $args
 echo "$?" >"/host$outdir/exit-code"
 echo "vm-init: done"
 umount "/host$outdir"

@@ -114,6 +114,16 @@ pub fn main() -> i32 {
     all.extend_from_slice(crate::cases::CASES);
     all.extend_from_slice(crate::cases_fail::CASES);
     all.extend_from_slice(crate::cases_plexus::CASES);
+    // PLEXUS_VM_CASES=a,b runs only the cases whose name contains one of the filters.
+    let filters: Vec<String> = std::env::var("PLEXUS_VM_CASES")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|f| !f.is_empty())
+        .map(str::to_string)
+        .collect();
+    if !filters.is_empty() {
+        all.retain(|(name, _)| filters.iter().any(|f| name.contains(f.as_str())));
+    }
     let mut failed = 0;
     for (n, (name, body)) in all.iter().enumerate() {
         let before = snaps(&pf);

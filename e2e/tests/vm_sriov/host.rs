@@ -128,11 +128,14 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let console = out.join("console.log");
-    let append = format!(
+    let mut append = format!(
         "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 plexus.run={} plexus.out={} plexus.args=--in-vm",
         exe.display(),
         out.display()
     );
+    if let Ok(f) = std::env::var("PLEXUS_VM_CASES") {
+        append += &format!(" plexus.cases={}", f.replace(' ', ""));
+    }
     let timeout = std::env::var("PLEXUS_VM_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -207,7 +210,11 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     };
     match problem {
         None => {
-            let _ = std::fs::remove_dir_all(&out);
+            if std::env::var_os("PLEXUS_VM_KEEP").is_none() {
+                let _ = std::fs::remove_dir_all(&out);
+            } else {
+                println!("vm_sriov: results and logs kept in {}", out.display());
+            }
             Ok(())
         }
         Some(p) => {
