@@ -20,3 +20,8 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
   fi
 fi
+# The SR-IOV VM tier (QEMU with an emulated igb NIC, Debian's kernel in target/vm): only for the
+# test run (scripts/test.sh sets PLEXUS_SETUP_VM=1), not for the demo. PLEXUS_VM_TIER=skip opts out.
+if [ "${PLEXUS_SETUP_VM:-0}" = 1 ] && [ "${PLEXUS_VM_TIER:-}" != skip ]; then
+  bash "$(dirname "${BASH_SOURCE[0]}")/vm-setup.sh"
+fi

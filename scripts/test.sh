@@ -6,6 +6,8 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 cd "$(dirname "$0")/.."
+# Also installs the SR-IOV VM tier's QEMU and kernel (PLEXUS_VM_TIER=skip to leave it out).
+export PLEXUS_SETUP_VM=1
 source scripts/setup.sh
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
