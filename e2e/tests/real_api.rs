@@ -57,8 +57,14 @@ fn main() -> ExitCode {
     suite.case("pod_recreated_with_another_uid_is_refused", || {
         recreated_pod(&node)
     });
+    suite.case("pod_replaced_before_the_status_patch_is_recognised", || {
+        replaced_before_patch(&node)
+    });
     suite.case("del_with_the_apiserver_stopped_leaves_nothing", || {
         del_apiserver_stopped(&node)
+    });
+    suite.case("stand_in_answers_like_the_real_apiserver", || {
+        stand_in_fidelity(&node)
     });
     suite.case("cluster_role_grants_exactly_what_plexus_calls", || {
         rbac_exact(&node)
@@ -464,6 +470,41 @@ fn recreated_pod(node: &Node<'_>) -> Result<()> {
     Ok(())
 }
 
+/// With the runtime's pod annotations plexus skips the GET pod, so a pod replaced under the
+/// same name (another UID) is only noticed by the status PATCH: the real apiserver answers 422
+/// `metadata.uid: … field is immutable` (not 409 Precondition failed). plexus must read that
+/// as "pod replaced": nothing written on the new pod, the ADD for the old sandbox not failed.
+fn replaced_before_patch(node: &Node<'_>) -> Result<()> {
+    let uid = node.pod("db", "swap", json!({}))?;
+    let stale = "0b0e0000-0000-4000-8000-00000000beef";
+    ensure!(uid != stale);
+    let extra = json!({"capabilities": {"io.kubernetes.cri.pod-annotations": true},
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {}}});
+    let ns = Netns::new();
+    let args = Node::args("db", "swap", stale);
+    let (r, reqs) = node.counted(|| node.call("ADD", "cid-swap", &ns.path(), &args, &extra))?;
+    println!("    ADD (stale UID): {} requests: {reqs:?}", total(&reqs));
+    ensure!(
+        reqs.get(&key("PATCH", "pods", "status")) == Some(&1),
+        "{reqs:?}"
+    );
+    ensure!(
+        r.code == 0,
+        "a replaced pod is not an ADD failure: {} {}",
+        r.out,
+        r.stderr
+    );
+    let pod = node.cp.get_json("/api/v1/namespaces/db/pods/swap")?;
+    ensure!(
+        pod["metadata"]["annotations"].get(STATUS).is_none(),
+        "no status on the new pod"
+    );
+    node.call("DEL", "cid-swap", &ns.path(), &args, &extra).ok();
+    ensure!(ns.links() == ["lo"]);
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
 fn del_apiserver_stopped(node: &Node<'_>) -> Result<()> {
     node.macvlan_nad("db", "mv-down", node.host_local("10.157.0.0/24"))?;
     let ns = Netns::new();
@@ -559,6 +600,136 @@ fn rbac_exact(node: &Node<'_>) -> Result<()> {
     ensure!(
         excess.is_empty(),
         "granted but never used by plexus: {excess:?}"
+    );
+    Ok(())
+}
+
+/// (HTTP code, reason, message) of one answer; `""` reason and message on success.
+type Answer = (u16, String, String);
+
+/// Send `method path body` through a kube client (the client plexus uses).
+async fn answer(c: &kube::Client, method: &str, path: &str, body: &Value) -> Answer {
+    let mut req = http::Request::builder().method(method).uri(path);
+    if method == "PATCH" {
+        req = req.header("content-type", "application/merge-patch+json");
+    } else {
+        req = req.header("content-type", "application/json");
+    }
+    let body = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    match c.request_text(req.body(body).expect("request")).await {
+        Ok(_) => (200, String::new(), String::new()),
+        Err(kube::Error::Api(s)) => (s.code, s.reason.clone(), s.message.clone()),
+        Err(e) => (0, "client".into(), e.to_string()),
+    }
+}
+
+async fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// The requests plexus makes, and the failures it must recognise, sent to both the real
+/// apiserver and the stand-in (same objects, same client): same code, reason and message.
+fn stand_in_fidelity(node: &Node<'_>) -> Result<()> {
+    use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+    let real_uid = node.pod("db", "fid", json!({}))?;
+    let stand_in = TestApiServer::start(TestApiServerOptions::default())?;
+    stand_in.add_token("t", Access::Full);
+    stand_in.put_namespace("db")?;
+    let fake_uid = "2d7c1f3e-0000-4000-8000-000000000001";
+    stand_in.put_pod(
+        json!({"metadata":{"name":"fid","namespace":"db","uid":fake_uid},
+        "spec":{"containers":[{"name":"c","image":"x"}]}}),
+    )?;
+    let fake_kc = node.path("stand-in.kubeconfig");
+    stand_in.write_kubeconfig(&fake_kc, "t")?;
+
+    let old_style = json!({"metadata":{"name":"fid.1"},"involvedObject":{"kind":"Pod","namespace":"db","name":"fid"},
+        "reason":"AddedInterface","message":"m","type":"Normal"});
+    let mut no_action = json!({"metadata":{"name":"fid.2"},"involvedObject":{"kind":"Pod","namespace":"db","name":"fid"},
+        "reason":"AddedInterface","message":"m","type":"Normal","eventTime":"2026-01-01T00:00:00.000000Z",
+        "reportingComponent":"plexus","reportingInstance":"n1"});
+    let mut with_action = no_action.clone();
+    with_action["metadata"]["name"] = json!("fid.3");
+    with_action["action"] = json!("CNIAdd");
+    let mut mismatch = old_style.clone();
+    mismatch["metadata"]["name"] = json!("fid.4");
+    mismatch["involvedObject"]["namespace"] = json!("other");
+    no_action["reportingInstance"] = json!("");
+    let status_patch = |uid: &str| json!({"metadata":{"uid":uid,"annotations":{STATUS:"[]"}}});
+    let ev = "/api/v1/namespaces/db/events";
+    let cases: Vec<(&str, &str, String, Value)> = vec![
+        ("old-style event", "POST", ev.into(), old_style),
+        (
+            "event with eventTime, no action/instance",
+            "POST",
+            ev.into(),
+            no_action,
+        ),
+        (
+            "event with eventTime and action",
+            "POST",
+            ev.into(),
+            with_action,
+        ),
+        ("event namespace mismatch", "POST", ev.into(), mismatch),
+        (
+            "GET missing pod",
+            "GET",
+            "/api/v1/namespaces/db/pods/nope".into(),
+            Value::Null,
+        ),
+        (
+            "GET missing NAD",
+            "GET",
+            "/apis/k8s.cni.cncf.io/v1/namespaces/db/network-attachment-definitions/nope".into(),
+            Value::Null,
+        ),
+        (
+            "PATCH status, missing pod",
+            "PATCH",
+            "/api/v1/namespaces/db/pods/nope/status".into(),
+            status_patch("u"),
+        ),
+        (
+            "PATCH status, stale UID",
+            "PATCH",
+            "/api/v1/namespaces/db/pods/fid/status".into(),
+            status_patch("0b0e0000-0000-4000-8000-00000000dead"),
+        ),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut diffs = Vec::new();
+    rt.block_on(async {
+        let real = kube_client(&node.cp.admin_kubeconfig()).await?;
+        let fake = kube_client(&fake_kc).await?;
+        for (what, method, path, body) in &cases {
+            let r = answer(&real, method, path, body).await;
+            let f = answer(&fake, method, path, body).await;
+            // Only the pods' UIDs differ between the two servers.
+            let f = (f.0, f.1, f.2.replace(fake_uid, &real_uid));
+            println!("    {what}: real {} {} {:?}", r.0, r.1, r.2);
+            if r != f {
+                diffs.push(format!(
+                    "{what}:\n      real     {r:?}\n      stand-in {f:?}"
+                ));
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    ensure!(
+        diffs.is_empty(),
+        "the stand-in disagrees:\n{}",
+        diffs.join("\n")
     );
     Ok(())
 }

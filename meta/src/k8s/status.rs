@@ -29,10 +29,22 @@ pub fn network_status_patch(uid: &str, status_json: &str) -> serde_json::Value {
     })
 }
 
-/// True for the API server's answer to a failed `metadata.uid` precondition.
+/// True for the API server's answer to a `metadata.uid` that is not the pod's.
+///
+/// A real kube-apiserver validates the UID of a merge PATCH as an immutable field: HTTP 422
+/// `Pod "p" is invalid: metadata.uid: Invalid value: "…": field is immutable` (measured on
+/// v1.36, issue 7). A 409 `Precondition failed: UID in precondition` is what an update with a
+/// UID precondition gets; both mean the pod under this name is another one.
 fn is_uid_precondition_failure(err: &K8sError) -> bool {
-    matches!(err, K8sError::Api { code: 409, message, .. }
-        if message.contains("Precondition failed") && message.contains("UID"))
+    match err {
+        K8sError::Api {
+            code: 409, message, ..
+        } => message.contains("Precondition failed") && message.contains("UID"),
+        K8sError::Api {
+            code: 422, message, ..
+        } => message.contains("metadata.uid") && message.contains("field is immutable"),
+        _ => false,
+    }
 }
 
 impl KubeClient {
@@ -183,6 +195,39 @@ mod tests {
             "{err:?}"
         );
         assert_eq!(mock.requests().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn real_apiservers_immutable_uid_answer_is_pod_replaced() {
+        // Verbatim from kube-apiserver v1.36.2 (e2e/tests/real_api.rs).
+        let mock = MockApi::repeating(json_response(
+            422,
+            &serde_json::json!({"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Invalid","code":422,
+                "message":"Pod \"p1\" is invalid: metadata.uid: Invalid value: \"u1\": field is immutable",
+                "details":{"name":"p1","kind":"Pod","causes":[{"reason":"FieldValueInvalid",
+                    "message":"Invalid value: \"u1\": field is immutable","field":"metadata.uid"}]}})
+            .to_string(),
+        ));
+        let err = mock
+            .client()
+            .set_network_status("ns1", "p1", "u1", STATUS)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, K8sError::PodReplaced { ref uid, .. } if uid == "u1"),
+            "{err:?}"
+        );
+        assert_eq!(mock.requests().len(), 1);
+        // Other validation errors stay errors.
+        let other = K8sError::Api {
+            what: "patch pod status",
+            ns: "ns1".into(),
+            name: "p1".into(),
+            code: 422,
+            reason: "Invalid".into(),
+            message: "Pod \"p1\" is invalid: metadata.annotations: Too long".into(),
+        };
+        assert!(!is_uid_precondition_failure(&other));
     }
 
     #[tokio::test]

@@ -102,12 +102,11 @@ fn preconditions_and_errors() {
         ),
     )
     .unwrap_err();
-    assert_eq!((e.code, e.reason), (409, "Conflict"));
-    assert!(
-        e.message
-            .contains("Precondition failed: UID in precondition: zzz, UID in object meta: "),
-        "{}",
-        e.message
+    // A real kube-apiserver validates a patched uid as immutable (422), it is no precondition.
+    assert_eq!((e.code, e.reason), (422, "Invalid"));
+    assert_eq!(
+        e.message,
+        "Pod \"p\" is invalid: metadata.uid: Invalid value: \"zzz\": field is immutable"
     );
     let e = handle(
         &mut s,

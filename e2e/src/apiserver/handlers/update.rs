@@ -120,6 +120,18 @@ pub(super) fn patch(
     }
     check_name(&doc, name)?;
     check_namespace(&doc, ns)?;
+    // A patch carries no preconditions: a UID in it is validated as an immutable field
+    // (422), unlike a PUT's UID, which is a precondition (409).
+    let uid = meta_str(&doc, "uid");
+    if !uid.is_empty() && uid != meta_str(&old, "uid") {
+        return Err(ApiError::invalid(
+            res,
+            name,
+            "metadata.uid",
+            "FieldValueInvalid",
+            &format!("Invalid value: {uid:?}: field is immutable"),
+        ));
+    }
     check_preconditions(res, ns, name, &old, &doc, false)?;
     commit_update(store, res, ns, name, old, doc, status)
 }
