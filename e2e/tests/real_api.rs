@@ -650,6 +650,20 @@ fn stand_in_fidelity(node: &Node<'_>) -> Result<()> {
     )?;
     let fake_kc = node.path("stand-in.kubeconfig");
     stand_in.write_kubeconfig(&fake_kc, "t")?;
+    // An authenticated identity without rights, and a token no server knows.
+    node.cp.apply(r#"{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"nobody","namespace":"db"}}"#)?;
+    let real_nobody = node.path("real-nobody.kubeconfig");
+    node.cp
+        .write_kubeconfig(&real_nobody, &node.cp.create_token("db", "nobody")?)?;
+    stand_in.add_token_for("n", "system:serviceaccount:db:nobody", Access::None);
+    let fake_nobody = node.path("stand-in-nobody.kubeconfig");
+    stand_in.write_kubeconfig(&fake_nobody, "n")?;
+    let (real_bad, fake_bad) = (
+        node.path("real-bad.kubeconfig"),
+        node.path("stand-in-bad.kubeconfig"),
+    );
+    node.cp.write_kubeconfig(&real_bad, "not-a-token")?;
+    stand_in.write_kubeconfig(&fake_bad, "not-a-token")?;
 
     let old_style = json!({"metadata":{"name":"fid.1"},"involvedObject":{"kind":"Pod","namespace":"db","name":"fid"},
         "reason":"AddedInterface","message":"m","type":"Normal"});
@@ -705,16 +719,50 @@ fn stand_in_fidelity(node: &Node<'_>) -> Result<()> {
             status_patch("0b0e0000-0000-4000-8000-00000000dead"),
         ),
     ];
+    // What plexus sends, as identities that may not.
+    let denied: Vec<(&str, &str, String, Value)> = vec![
+        (
+            "GET pod",
+            "GET",
+            "/api/v1/namespaces/db/pods/fid".into(),
+            Value::Null,
+        ),
+        (
+            "GET NAD",
+            "GET",
+            "/apis/k8s.cni.cncf.io/v1/namespaces/db/network-attachment-definitions/x".into(),
+            Value::Null,
+        ),
+        (
+            "PATCH status",
+            "PATCH",
+            "/api/v1/namespaces/db/pods/fid/status".into(),
+            status_patch("u"),
+        ),
+    ];
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let mut diffs = Vec::new();
     rt.block_on(async {
-        let real = kube_client(&node.cp.admin_kubeconfig()).await?;
-        let fake = kube_client(&fake_kc).await?;
-        for (what, method, path, body) in &cases {
-            let r = answer(&real, method, path, body).await;
-            let f = answer(&fake, method, path, body).await;
+        let admin = (
+            kube_client(&node.cp.admin_kubeconfig()).await?,
+            kube_client(&fake_kc).await?,
+        );
+        let nobody = (
+            kube_client(&real_nobody).await?,
+            kube_client(&fake_nobody).await?,
+        );
+        let bad = (kube_client(&real_bad).await?, kube_client(&fake_bad).await?);
+        let runs = cases
+            .iter()
+            .map(|c| ("admin", &admin, c))
+            .chain(denied.iter().map(|c| ("no rights", &nobody, c)))
+            .chain(denied.iter().map(|c| ("bad token", &bad, c)));
+        for (who, (real, fake), (what, method, path, body)) in runs {
+            let what = format!("{who}: {what}");
+            let r = answer(real, method, path, body).await;
+            let f = answer(fake, method, path, body).await;
             // Only the pods' UIDs differ between the two servers.
             let f = (f.0, f.1, f.2.replace(fake_uid, &real_uid));
             println!("    {what}: real {} {} {:?}", r.0, r.1, r.2);
