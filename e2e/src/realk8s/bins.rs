@@ -22,6 +22,19 @@ pub fn required() -> bool {
     std::env::var(REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
+/// The programs the harness runs from `PATH` besides the Kubernetes binaries.
+pub const TOOLS: &[&str] = &["etcd", "kubectl", "setpriv", "xz", "sha256sum"];
+
+/// Which of [`TOOLS`] are not on `PATH`.
+pub fn missing_tools() -> Vec<&'static str> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    TOOLS
+        .iter()
+        .copied()
+        .filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file()))
+        .collect()
+}
+
 /// Paths of the usable (unpacked, executable) binaries.
 #[derive(Clone, Debug)]
 pub struct K8sBins {

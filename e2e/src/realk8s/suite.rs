@@ -10,6 +10,16 @@ use super::bins::{self, K8sBins};
 /// The binaries, or `None` after printing the skip message. Panics (the target fails) when
 /// they are missing and `PLEXUS_K8S_REQUIRE` is set, or cannot be unpacked.
 pub fn bins_or_skip() -> Option<K8sBins> {
+    let missing = bins::missing_tools();
+    if !missing.is_empty() {
+        let msg = format!(
+            "real-cluster tier SKIPPED: not on PATH: {} (Debian: etcd-server, kubectl, util-linux, xz-utils)",
+            missing.join(", ")
+        );
+        assert!(!bins::required(), "{} is set: {msg}", bins::REQUIRE_ENV);
+        eprintln!("{msg}");
+        return None;
+    }
     match K8sBins::from_env() {
         Ok(Some(b)) => Some(b),
         Ok(None) if bins::required() => panic!(
