@@ -16,6 +16,7 @@ pub const CASES: &[Case] = &[
     ("bank_add_check_del_restores_everything", bank_add_check_del),
     ("netns_deleted_before_del", netns_deleted_before_del),
     ("two_pods_race_for_one_vf", two_pods_race),
+    ("gc_releases_stale_attachments", gc_stale),
     ("dpdk_mode_vfio_pci", dpdk_vfio),
     ("add_del_timing", timing),
 ];
@@ -133,6 +134,18 @@ fn bank_add_check_del(t: &T<'_>) {
     let mut check = conf.clone();
     check["prevResult"] = res.clone();
     t.dir.sriov("CHECK", "bank-1", &pod.path(), &check).ok();
+    // Someone changes the VF behind the plugin's back: CHECK reads the real PF and says so.
+    let vf_cmd = |args: &[&str]| {
+        let mut a = vec!["ip", "link", "set", t.pf.name.as_str(), "vf", "0"];
+        a.extend_from_slice(args);
+        crate::vf::sh(&a).expect("ip link set vf");
+    };
+    vf_cmd(&["vlan", "7", "qos", "3"]);
+    let drift = t.dir.sriov("CHECK", "bank-1", &pod.path(), &check);
+    assert_eq!(drift.err()["code"], 111, "{:?}", drift);
+    assert!(drift.out.to_string().contains("vlan"), "{}", drift.out);
+    vf_cmd(&["vlan", "100", "qos", "3"]);
+    t.dir.sriov("CHECK", "bank-1", &pod.path(), &check).ok();
 
     t.dir.sriov("DEL", "bank-1", &pod.path(), &conf).ok();
     assert_eq!(t.pf.snap(0), before, "DEL restores PF side and netdev");
@@ -227,6 +240,37 @@ fn two_pods_race(t: &T<'_>) {
     assert_eq!(t.pf.vfinfo(0)["vlan_list"], json!([{"vlan":100,"qos":3}]));
     t.dir.sriov("DEL", win, &winner.path(), &conf).ok();
     assert_eq!(t.pf.snap(0), before);
+}
+
+fn gc_stale(t: &T<'_>) {
+    let before = [t.pf.snap(0), t.pf.snap(1)];
+    let pods = [Netns::new(), Netns::new()];
+    let mut confs = Vec::new();
+    for i in 0..2u32 {
+        // ADD at 1.0.0: Debian 12's static IPAM plugin stops there.
+        let mut c = nad(&t.vf(i), json!({"vlan": 300 + i, "spoofchk": "off"}));
+        c["ipam"]["addresses"][0]["address"] = json!(format!("10.56.217.{}/24", 20 + i));
+        let pod = &pods[i as usize];
+        t.dir.sriov("ADD", &format!("gc-{i}"), &pod.path(), &c).ok();
+        confs.push(c);
+    }
+    // GC is a 1.1.0 command; no `ipam` here, or sriov would forward GC to a plugin that does
+    // not speak 1.1.0. The stale attachment's IPAM is released with its saved config.
+    let gc = json!({"cniVersion":"1.1.0","name":"bank-sriov","type":"sriov",
+        "cni.dev/valid-attachments":[{"containerID":"gc-0","ifname":"net1"}]});
+    t.dir.sriov("GC", "", "", &gc).ok();
+    assert_eq!(t.pf.snap(1), before[1], "stale attachment released");
+    assert_eq!(pods[1].links(), vec!["lo"]);
+    assert_eq!(
+        pods[0].addrs("net1"),
+        vec!["10.56.217.20/24"],
+        "valid one kept"
+    );
+    assert_eq!(t.pf.vfinfo(0)["vlan_list"], json!([{"vlan":300}]));
+    t.dir.sriov("DEL", "gc-0", &pods[0].path(), &confs[0]).ok();
+    t.dir.sriov("DEL", "gc-1", &pods[1].path(), &confs[1]).ok();
+    assert_eq!(t.pf.snap(0), before[0]);
+    assert_eq!(t.pf.snap(1), before[1]);
 }
 
 fn dpdk_vfio(t: &T<'_>) {

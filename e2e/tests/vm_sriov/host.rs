@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use crate::common::bin;
 
-const ENABLE: &str = "to enable it: `sudo scripts/setup.sh` (installs qemu-system-x86 from \
-bookworm-backports and busybox-static, and fetches Debian's kernel into target/vm with \
-scripts/vm-kernel.sh)";
+const ENABLE: &str = "to enable it, as root: `scripts/vm-setup.sh` (qemu-system-x86 from \
+bookworm-backports, busybox-static, and Debian's kernel unpacked into target/vm); \
+`scripts/test.sh` runs it";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
