@@ -140,10 +140,13 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(420u64);
+    // TCG by default: KVM boots hang on the machines this was built on, and TCG is the same
+    // everywhere.
+    let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
     let started = Instant::now();
     let child = Command::new(&parts.qemu)
         .args([
-            "-accel", "tcg", "-machine", "q35", "-m", "1536", "-smp", "2",
+            "-accel", &accel, "-machine", "q35", "-m", "1536", "-smp", "2",
         ])
         .args([
             "-nodefaults",
@@ -180,7 +183,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("{}: {e}", parts.qemu.display()))?;
     println!(
-        "vm_sriov: booted QEMU (TCG, igb PF) with {}; waiting up to {timeout} s",
+        "vm_sriov: booted QEMU ({accel}, igb PF) with {}; waiting up to {timeout} s",
         parts.vmlinuz.display()
     );
     let mut vm = Vm(child);

@@ -11,6 +11,7 @@
 //! `PLEXUS_VM_DIR` (default `target/vm`): where `scripts/vm-kernel.sh` unpacked the kernel.
 //! `PLEXUS_VM_TIMEOUT` (seconds, default 420): the whole VM run, boot included.
 //! `PLEXUS_VM_CASES=a,b`: run only the cases whose name contains `a` or `b`.
+//! `PLEXUS_VM_ACCEL` (default `tcg`): QEMU accelerator, e.g. `kvm` where KVM works.
 //! `PLEXUS_VM_KEEP=1`: keep `target/vm/run-<pid>` (console log, results) after a passing run.
 
 #[path = "../common/mod.rs"]
