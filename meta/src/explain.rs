@@ -2,9 +2,11 @@
 //! attachment plan ADD would run (interface, network, exact delegate config) or the exact CNI
 //! error ADD would return. Manifests are JSON (`kubectl get -o json`); a `List` is accepted.
 
+use crate::devices::dra::{self, DraDevice};
 use crate::planner::{self, NadMap};
 use crate::pod::{PodIdentity, PodInfo};
 use crate::resolve::NadData;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use plexus_conf::args::CniArgs;
 use plexus_conf::error::CniError;
 use plexus_conf::plexus_config::PlexusConfig;
@@ -12,8 +14,73 @@ use plexus_conf::version;
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname eth0]
+                      [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...
   Prints the attachment plan ADD would run for the pod, or the CNI error ADD would return.
-  Files are JSON manifests (kubectl get -o json); a List of objects is accepted for --nad.";
+  Files are JSON manifests (kubectl get -o json); a List of objects is accepted for --nad,
+  --claims and --slices. --device gives a device-plugin allocation (the kubelet's); --claims
+  and --slices give the DRA objects behind the pod's status.resourceClaimStatuses.";
+
+/// Allocated devices given on the command line: device-plugin allocations and DRA objects.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceInputs {
+    /// `(resource name, device ID)` pairs, as the kubelet's device plugins allocated them.
+    pub allocated: Vec<(String, String)>,
+    /// ResourceClaim manifests.
+    pub claims: Vec<Value>,
+    /// ResourceSlice manifests.
+    pub slices: Vec<Value>,
+}
+
+impl DeviceInputs {
+    /// The devices per resource and the DRA devices, for `pod`'s claims.
+    fn resolve(
+        &self,
+        pod: &PodInfo,
+        label: &str,
+    ) -> Result<(crate::plan::DeviceMap, Vec<DraDevice>), CniError> {
+        let mut map = crate::plan::DeviceMap::new();
+        for (res, id) in &self.allocated {
+            map.entry(res.clone()).or_default().push(id.clone());
+        }
+        let mut found = Vec::new();
+        if let Some(pc) = pod.claims.as_ref().filter(|c| !c.is_empty()) {
+            let parse = |what: &str, v: &Value| {
+                CniError::decode(format!("{what} is not a valid manifest"), v.to_string())
+            };
+            let claims: Vec<ResourceClaim> = self
+                .claims
+                .iter()
+                .filter(|c| {
+                    let n = meta_str(c, "name");
+                    pc.claims.contains(&n)
+                        || pc.extended.as_ref().is_some_and(|e| e.claim_name == n)
+                })
+                .map(|c| serde_json::from_value(c.clone()).map_err(|_| parse("a claim", c)))
+                .collect::<Result<_, _>>()?;
+            let slices: Vec<ResourceSlice> = self
+                .slices
+                .iter()
+                .map(|c| serde_json::from_value(c.clone()).map_err(|_| parse("a slice", c)))
+                .collect::<Result<_, _>>()?;
+            found = dra::resolve(
+                &pod.id.namespace,
+                &pc.node_name,
+                &claims,
+                pc.extended.as_ref(),
+                &slices,
+                label,
+            )?;
+        }
+        for (res, ids) in dra::device_map(&found) {
+            map.entry(res).or_default().extend(ids);
+        }
+        for ids in map.values_mut() {
+            ids.sort();
+            ids.dedup();
+        }
+        Ok((map, found))
+    }
+}
 
 fn read_json(path: &str) -> Result<Value, CniError> {
     let bytes = std::fs::read(path)
@@ -43,6 +110,7 @@ pub fn explain(
     pod: &Value,
     nads: &[Value],
     ifname: &str,
+    devices: &DeviceInputs,
 ) -> Result<Value, CniError> {
     let cfg = PlexusConfig::parse(config)?;
     let ns = {
@@ -104,7 +172,28 @@ pub fn explain(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
         info.id.namespace, info.id.name
     ))?;
-    let plan = planner::make_plan(&cfg, ifname, &args, Some(&info), &requests, &map, None)?;
+    let wanted = map.values().flatten().any(|n| n.resource_name.is_some());
+    let (device_map, found) = if wanted {
+        let (m, f) = devices.resolve(&info, &format!("pod {}", info.id.key()))?;
+        (Some(m), f)
+    } else {
+        (None, Vec::new())
+    };
+    let mut plan = planner::make_plan(
+        &cfg,
+        ifname,
+        &args,
+        Some(&info),
+        &requests,
+        &map,
+        device_map.as_ref(),
+    )?;
+    crate::devices::annotate(
+        &mut plan,
+        &found,
+        std::path::Path::new(&cfg.device_info_dir),
+        "<containerID>",
+    );
     let rt_path: Vec<String> = vec![cfg.bin_dir.clone()];
     Ok(json!({
         "pod": info.id.key(),
@@ -119,6 +208,8 @@ pub fn explain(
                 "capabilityArgs": a.capability_args,
                 "defaultRoute": a.default_route,
                 "dropDefaultRoutes": {"ipv4": a.filter_v4, "ipv6": a.filter_v6},
+                "resourceName": a.resource_name,
+                "draDevice": a.dra,
                 "delegates": list.map(|l| (0..l.plugins.len()).map(|i| {
                     l.plugin_request(i, if l.cni_version.is_empty() { "0.1.0" } else { &l.cni_version }, &a.capability_args, None)
                 }).collect::<Vec<_>>()).unwrap_or_default(),
@@ -133,6 +224,9 @@ pub fn main(argv: &[String]) -> i32 {
     let mut pod = None;
     let mut nads = Vec::new();
     let mut ifname = "eth0".to_string();
+    let mut devices = DeviceInputs::default();
+    let mut claim_files = Vec::new();
+    let mut slice_files = Vec::new();
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned();
@@ -141,6 +235,17 @@ pub fn main(argv: &[String]) -> i32 {
             "--pod" => pod = val(),
             "--nad" => nads.extend(val()),
             "--ifname" => ifname = val().unwrap_or(ifname),
+            "--claims" => claim_files.extend(val()),
+            "--slices" => slice_files.extend(val()),
+            "--device" => match val().as_deref().and_then(|d| d.split_once('=')) {
+                Some((res, id)) if !res.is_empty() && !id.is_empty() => {
+                    devices.allocated.push((res.to_string(), id.to_string()))
+                }
+                _ => {
+                    eprintln!("--device wants RESOURCE=ID\n{USAGE}");
+                    return 2;
+                }
+            },
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return 0;
@@ -155,7 +260,7 @@ pub fn main(argv: &[String]) -> i32 {
         eprintln!("{USAGE}");
         return 2;
     };
-    let run = || -> Result<Value, CniError> {
+    let mut run = || -> Result<Value, CniError> {
         let cfg = std::fs::read(&config)
             .map_err(|e| CniError::new(5, format!("cannot read {config}"), e.to_string()))?;
         let pod = read_json(&pod)?;
@@ -163,7 +268,13 @@ pub fn main(argv: &[String]) -> i32 {
         for n in &nads {
             all.extend(objects(read_json(n)?));
         }
-        explain(&cfg, &pod, &all, &ifname)
+        for f in &claim_files {
+            devices.claims.extend(objects(read_json(f)?));
+        }
+        for f in &slice_files {
+            devices.slices.extend(objects(read_json(f)?));
+        }
+        explain(&cfg, &pod, &all, &ifname, &devices)
     };
     match run() {
         Ok(v) => {
@@ -186,7 +297,7 @@ mod tests {
         let cfg = br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":"cni0"}]}"#;
         let pod = json!({"metadata":{"name":"pg-0","namespace":"db","annotations":{"k8s.v1.cni.cncf.io/networks":"[{\"name\":\"mv\",\"ips\":[\"10.1.1.5/24\"]}]"}}});
         let nad = json!({"kind":"List","items":[{"metadata":{"name":"mv","namespace":"db"},"spec":{"config":"{\"cniVersion\":\"1.0.0\",\"type\":\"macvlan\",\"ipam\":{\"type\":\"static\"}}"}}]});
-        let v = explain(cfg, &pod, &objects(nad), "eth0").unwrap();
+        let v = explain(cfg, &pod, &objects(nad), "eth0", &DeviceInputs::default()).unwrap();
         assert_eq!(v["attachments"][1]["interface"], "net1");
         assert_eq!(v["attachments"][1]["network"], "db/mv");
         assert_eq!(v["attachments"][1]["delegates"][0]["name"], "mv");
@@ -195,7 +306,55 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("IP=10.1.1.5/24"));
-        let e = explain(cfg, &pod, &[], "eth0").unwrap_err();
+        let e = explain(cfg, &pod, &[], "eth0", &DeviceInputs::default()).unwrap_err();
         assert!(e.msg.contains("db/mv") && e.msg.contains("not found"));
+    }
+
+    #[test]
+    fn explains_device_plugin_and_dra_allocations() {
+        let cfg = br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":"cni0"}]}"#;
+        let nad = |name: &str, res: &str| {
+            json!({"metadata":{"name":name,"namespace":"bank","annotations":{"k8s.v1.cni.cncf.io/resourceName":res}},
+                   "spec":{"config":"{\"cniVersion\":\"1.0.0\",\"type\":\"sriov\"}"}})
+        };
+        let nads = vec![
+            nad("vf-a", "intel.com/sriov_a"),
+            nad("vf-b", "intel.com/sriov_b"),
+        ];
+        let pod = json!({"metadata":{"name":"pg-0","namespace":"bank","annotations":{"k8s.v1.cni.cncf.io/networks":"vf-a,vf-b"}},
+            "spec":{"nodeName":"node-a","containers":[]},
+            "status":{"resourceClaimStatuses":[{"name":"vfs","resourceClaimName":"pg-vfs"}]}});
+        let claim = json!({"metadata":{"name":"pg-vfs","namespace":"bank"},"spec":{},
+            "status":{"allocation":{"devices":{"results":[{"request":"vfs","driver":"d","pool":"node-a","device":"vf-7"}]}}}});
+        let slice = json!({"metadata":{"name":"s"},"spec":{"driver":"d","nodeName":"node-a",
+            "pool":{"name":"node-a","generation":1,"resourceSliceCount":1},
+            "devices":[{"name":"vf-7","attributes":{"k8s.cni.cncf.io/deviceID":{"string":"0000:af:06.7"},
+                                                     "k8s.cni.cncf.io/resourceName":{"string":"intel.com/sriov_b"}}}]}});
+        let inputs = DeviceInputs {
+            allocated: vec![("intel.com/sriov_a".into(), "0000:af:06.0".into())],
+            claims: vec![claim],
+            slices: vec![slice],
+        };
+        let v = explain(cfg, &pod, &nads, "eth0", &inputs).unwrap();
+        let a = &v["attachments"];
+        assert_eq!(a[1]["delegates"][0]["deviceID"], "0000:af:06.0");
+        assert!(a[1]["draDevice"].is_null());
+        assert_eq!(a[2]["delegates"][0]["deviceID"], "0000:af:06.7");
+        assert_eq!(a[2]["draDevice"]["claimName"], "pg-vfs");
+        assert_eq!(a[2]["draDevice"]["device"], "vf-7");
+        assert!(a[2]["capabilityArgs"]["CNIDeviceInfoFile"]
+            .as_str()
+            .unwrap()
+            .ends_with("bank-vf-b-<containerID>_net2"));
+        // Without the claim's objects the B network has no device: the exact ADD error.
+        let only_dp = DeviceInputs {
+            allocated: inputs.allocated.clone(),
+            ..Default::default()
+        };
+        let e = explain(cfg, &pod, &nads, "eth0", &only_dp).unwrap_err();
+        assert!(
+            e.msg.contains("bank/vf-b") && e.msg.contains("no device"),
+            "{e}"
+        );
     }
 }

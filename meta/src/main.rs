@@ -9,7 +9,7 @@ fn usage() -> String {
     format!(
         "plexus {}: multi-network CNI meta-plugin (CNI {})\n\
          usage: plexus                      (run by the container runtime with CNI_COMMAND set)\n       \
-         plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname NAME]\n       \
+         plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname NAME]\n                        [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...\n       \
          plexus version",
         env!("CARGO_PKG_VERSION"),
         plexus_conf::version::SUPPORTED.join(", ")
