@@ -31,8 +31,11 @@
 
 pub mod audit;
 pub mod bins;
+pub mod cri; // node tier (real_node)
 mod https;
 pub mod metrics;
+pub mod node;
+pub mod pause;
 pub mod pki;
 mod proc;
 mod suite;

@@ -1,0 +1,605 @@
+//! A real node for the node tier: containerd (its own config, root, state, socket, CNI dirs)
+//! and a kubelet v1.36 registered with a [`ControlPlane`], with a locally built pause image.
+//! Everything lives under one temporary directory; the pods' cgroups under a cgroup root of
+//! its own. [`Node::stop`] (also run on drop) stops the kubelet, removes the remaining pod
+//! sandboxes through the CRI (which runs CNI DEL), stops containerd, unmounts what is left under
+//! its directory, removes the `cni-*` netns it created and the links it was told about.
+//!
+//! Facts it relies on: `../shared/k8s/README.md` (kubelet settings for cgroup v1, containerd's
+//! `restrict_oom_score_adj`, the CRI's normalized image names).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::cri::Cri;
+use super::pause::{self, PAUSE_IMAGE};
+use super::{free_port, tail, ControlPlane, K8sBins, Proc};
+
+/// Where Debian's CNI plugins are; the node's CNI bin dir links to them.
+pub const SYSTEM_CNI_BIN: &str = "/usr/lib/cni";
+/// Name of the primary ("flannel-shaped") config file the node starts with.
+pub const PRIMARY_CONF: &str = "10-flannel.conflist";
+
+/// A running containerd + kubelet. Drop (or [`Node::stop`]) cleans up.
+pub struct Node<'a> {
+    cp: &'a ControlPlane,
+    name: String,
+    node_ip: String,
+    cgroup_root: String,
+    cri: Cri,
+    netns_before: BTreeSet<String>,
+    links: Mutex<Vec<String>>,
+    kubelet: Mutex<Option<Proc>>,
+    containerd: Mutex<Option<Proc>>,
+    stopped: bool,
+    dir: tempfile::TempDir,
+}
+
+impl<'a> Node<'a> {
+    /// Start containerd with `primary(ipam_dir)` (a conflist) as `<conf dir>/10-flannel.conflist`,
+    /// import the pause image, start the kubelet as node `name` and wait for the Node to be Ready.
+    /// `primary` gets [`Node::ipam_dir`], for host-local's `dataDir`.
+    pub fn start(
+        cp: &'a ControlPlane,
+        bins: &K8sBins,
+        name: &str,
+        primary: &dyn Fn(&Path) -> Value,
+    ) -> Result<Node<'a>> {
+        let t0 = Instant::now();
+        let dir = tempfile::Builder::new().prefix("plexus-node-").tempdir()?;
+        let node_ip = eth0_ipv4()?;
+        // containerd 1.6 mounts pod netns files in /run/netns without making it a mount point
+        // first; an `ip netns add` after that (any test) bind-mounts /run/netns over itself and
+        // hides those mounts, so containerd's later unlink fails with EBUSY and the pod cannot be
+        // removed. Make /run/netns a mount point now, the way `ip netns` does.
+        ensure_run_netns_mounted()?;
+        let netns_before = cni_netns();
+        let cgroup_root = format!("/plexus-node-{}", std::process::id());
+        let mut node = Node {
+            cp,
+            name: name.to_string(),
+            node_ip,
+            cgroup_root,
+            cri: Cri::new(&dir.path().join("containerd/containerd.sock")),
+            netns_before,
+            links: Mutex::new(Vec::new()),
+            kubelet: Mutex::new(None),
+            containerd: Mutex::new(None),
+            stopped: false,
+            dir,
+        };
+        if let Err(e) = node.boot(bins, primary) {
+            let logs = format!(
+                "containerd.log:\n{}\nkubelet.log:\n{}",
+                tail(&node.path("containerd.log"), 15),
+                tail(&node.path("kubelet.log"), 25)
+            );
+            node.stop();
+            return Err(e.context(logs));
+        }
+        eprintln!(
+            "realk8s: node {name} ready in {:.1} s (dir {})",
+            t0.elapsed().as_secs_f64(),
+            node.dir().display()
+        );
+        Ok(node)
+    }
+
+    fn boot(&mut self, bins: &K8sBins, primary: &dyn Fn(&Path) -> Value) -> Result<()> {
+        for d in [
+            "cni/bin",
+            "cni/net.d",
+            "cni/ipam",
+            "plexus",
+            "containerd/root",
+            "containerd/state",
+            "kubelet/root",
+            "kubelet/pki",
+            "kubelet/pod-logs",
+            "pause",
+        ] {
+            std::fs::create_dir_all(self.path(d))?;
+        }
+        for entry in std::fs::read_dir(SYSTEM_CNI_BIN)
+            .with_context(|| format!("{SYSTEM_CNI_BIN} (containernetworking-plugins)"))?
+        {
+            let entry = entry?;
+            std::os::unix::fs::symlink(entry.path(), self.bin_dir().join(entry.file_name()))?;
+        }
+        std::fs::write(
+            self.conf_dir().join(PRIMARY_CONF),
+            serde_json::to_vec_pretty(&primary(&self.ipam_dir()))?,
+        )?;
+        self.make_cgroup_root()?;
+
+        // containerd
+        std::fs::write(
+            self.path("containerd/config.toml"),
+            self.containerd_config(),
+        )?;
+        let args: Vec<String> = vec![
+            "--config".into(),
+            self.path("containerd/config.toml").display().to_string(),
+        ];
+        let proc = Proc::spawn(
+            "containerd",
+            Path::new("containerd"),
+            &args,
+            &self.path("containerd.log"),
+        )?;
+        *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
+        wait_for("containerd's socket", Duration::from_secs(30), || {
+            Ok(self.ctr(&["version"]).is_ok())
+        })?;
+
+        // The pause image.
+        let tarball = self.path("pause/pause-oci.tar");
+        pause::build_image(&self.path("pause"), &tarball)?;
+        self.ctr(&["images", "import", &tarball.display().to_string()])?;
+        let images = self.ctr(&["images", "ls", "-q"])?;
+        if !images.lines().any(|l| l == PAUSE_IMAGE) {
+            bail!("{PAUSE_IMAGE} not in containerd after import: {images}");
+        }
+
+        // kubelet: a client certificate as system:node:<name> (the Node authorizer).
+        let cert = self
+            .cp
+            .client_cert(&format!("system:node:{}", self.name), Some("system:nodes"))?;
+        self.cp
+            .write_cert_kubeconfig(&self.path("kubelet/kubeconfig"), &cert)?;
+        std::fs::write(self.path("kubelet/config.yaml"), self.kubelet_config()?)?;
+        // A Node object left by an earlier run would still say Ready (no node controller).
+        let _ = self
+            .cp
+            .kubectl(&["delete", "node", &self.name, "--ignore-not-found"]);
+        self.start_kubelet(bins)?;
+        wait_for("the Node to be Ready", Duration::from_secs(60), || {
+            let n = self.cp.get_json(&format!("/api/v1/nodes/{}", self.name));
+            Ok(n.ok().is_some_and(|n| node_ready(&n)))
+        })
+    }
+
+    fn start_kubelet(&self, bins: &K8sBins) -> Result<()> {
+        let p = |s: &str| self.path(s).display().to_string();
+        let args: Vec<String> = vec![
+            format!("--config={}", p("kubelet/config.yaml")),
+            format!("--kubeconfig={}", p("kubelet/kubeconfig")),
+            format!("--hostname-override={}", self.name),
+            format!("--node-ip={}", self.node_ip),
+            format!("--root-dir={}", p("kubelet/root")),
+            format!("--cert-dir={}", p("kubelet/pki")),
+            "--v=2".into(),
+        ];
+        let proc = Proc::spawn("kubelet", &bins.kubelet, &args, &self.path("kubelet.log"))?;
+        *self.kubelet.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
+        Ok(())
+    }
+
+    fn containerd_config(&self) -> String {
+        let p = |s: &str| self.path(s).display().to_string();
+        format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+"#,
+            root = p("containerd/root"),
+            state = p("containerd/state"),
+            sock = p("containerd/containerd.sock"),
+            opt = p("containerd/opt"),
+            bin = self.bin_dir().display(),
+            conf = self.conf_dir().display(),
+        )
+    }
+
+    fn kubelet_config(&self) -> Result<String> {
+        let p = |s: &str| self.path(s).display().to_string();
+        Ok(format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: "{cgroup_root}"
+containerRuntimeEndpoint: "unix://{sock}"
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzPort: 0
+failSwapOn: false
+podLogsDir: "{logs}"
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+evictionHard: {{memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+staticPodPath: ""
+syncFrequency: 10s
+nodeStatusUpdateFrequency: 2s
+"#,
+            cgroup_root = self.cgroup_root,
+            sock = p("containerd/containerd.sock"),
+            port = free_port()?,
+            logs = p("kubelet/pod-logs"),
+        ))
+    }
+
+    /// The node's name (pods set `spec.nodeName` to it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's own directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `<dir>/<rel>`
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// containerd's CNI `bin_dir` (links to Debian's plugins; plexus is installed here).
+    pub fn bin_dir(&self) -> PathBuf {
+        self.path("cni/bin")
+    }
+
+    /// containerd's CNI `conf_dir`.
+    pub fn conf_dir(&self) -> PathBuf {
+        self.path("cni/net.d")
+    }
+
+    /// A `dataDir` for host-local IPAM.
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.path("cni/ipam")
+    }
+
+    /// A `cniDir` for plexus (plans, result cache, tombstones).
+    pub fn plexus_dir(&self) -> PathBuf {
+        self.path("plexus")
+    }
+
+    /// The node's CRI client.
+    pub fn cri(&self) -> &Cri {
+        &self.cri
+    }
+
+    /// The `cni-*` netns that existed before the node started (not the node's).
+    pub fn netns_before(&self) -> &BTreeSet<String> {
+        &self.netns_before
+    }
+
+    /// The node's IPv4 address (eth0's, read only).
+    pub fn ip(&self) -> &str {
+        &self.node_ip
+    }
+
+    /// Delete host link `name` when the node stops (bridges the CNI plugins create, test links).
+    pub fn own_link(&self, name: &str) {
+        self.links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(name.to_string());
+    }
+
+    /// Run `ctr -n k8s.io` against this node's containerd; stdout.
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(self.path("containerd/containerd.sock"))
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .context("run ctr")?;
+        if !out.status.success() {
+            bail!(
+                "ctr {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The ready sandbox of pod `uid`: (sandbox ID = CNI container ID, netns path).
+    pub fn pod_sandbox(&self, uid: &str) -> Result<(String, String)> {
+        let sb = self
+            .cri
+            .sandboxes(Some(uid))?
+            .into_iter()
+            .find(|s| s.state == 0)
+            .with_context(|| format!("no ready sandbox for pod {uid}"))?;
+        let netns = self.cri.sandbox_netns(&sb.id)?;
+        Ok((sb.id, netns))
+    }
+
+    /// The last `n` lines of the kubelet's and containerd's logs (for failure messages).
+    pub fn logs(&self, n: usize) -> String {
+        format!(
+            "--- kubelet.log\n{}\n--- containerd.log\n{}",
+            tail(&self.path("kubelet.log"), n),
+            tail(&self.path("containerd.log"), n)
+        )
+    }
+
+    /// Stop everything and clean up (idempotent; also run on drop). Failures are printed, not
+    /// returned: every step runs.
+    pub fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        if let Some(mut k) = self
+            .kubelet
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            k.stop(Duration::from_secs(10));
+        }
+        if self.ctr(&["version"]).is_ok() {
+            match self.cri.sandboxes(None) {
+                Ok(sbs) => {
+                    for sb in sbs {
+                        if let Err(e) = self.cri.stop_and_remove(&sb.id) {
+                            eprintln!("realk8s node: remove sandbox {}: {e:#}", sb.id);
+                        }
+                    }
+                }
+                Err(e) => eprintln!("realk8s node: list sandboxes: {e:#}"),
+            }
+        }
+        if let Some(mut c) = self
+            .containerd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            c.stop(Duration::from_secs(10));
+        }
+        self.kill_shims();
+        unmount_under(self.dir.path());
+        for ns in cni_netns().difference(&self.netns_before) {
+            let p = format!("/run/netns/{ns}");
+            let _ = nix::mount::umount2(p.as_str(), nix::mount::MntFlags::MNT_DETACH);
+            if let Err(e) = std::fs::remove_file(&p) {
+                eprintln!("realk8s node: remove {p}: {e}");
+            }
+        }
+        for l in self
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = Command::new("ip")
+                .args(["link", "del", &l])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        self.remove_cgroup_root();
+        let _ = self.cp.kubectl(&[
+            "delete",
+            "node",
+            &self.name,
+            "--ignore-not-found",
+            "--wait=false",
+        ]);
+        if std::env::var_os("PLEXUS_K8S_KEEP").is_some() {
+            eprintln!("realk8s: keeping {}", self.dir().display());
+            self.dir.disable_cleanup(true);
+        }
+    }
+
+    /// containerd-shim-runc-v2 processes started for this containerd (they leave its process
+    /// group): killed by pid.
+    fn kill_shims(&self) {
+        let addr = self
+            .path("containerd/containerd.sock")
+            .display()
+            .to_string();
+        let Ok(rd) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+            let is_shim = args
+                .first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+            if is_shim && args.contains(&addr.as_bytes()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+
+    /// The cgroup v1 hierarchies (or the v2 root) the kubelet will use.
+    fn cgroup_mounts() -> Vec<PathBuf> {
+        let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return Vec::new();
+        };
+        let mut v: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir() && !p.is_symlink() && p.join("cgroup.procs").exists())
+            .collect();
+        if Path::new("/sys/fs/cgroup/cgroup.procs").exists() {
+            v.push(PathBuf::from("/sys/fs/cgroup"));
+        }
+        v
+    }
+
+    fn make_cgroup_root(&self) -> Result<()> {
+        for m in Self::cgroup_mounts() {
+            let d = m.join(self.cgroup_root.trim_start_matches('/'));
+            std::fs::create_dir_all(&d).with_context(|| format!("mkdir {}", d.display()))?;
+            // A new cpuset cgroup starts with no CPUs and no memory nodes: copy the parent's.
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                if let Ok(v) = std::fs::read_to_string(m.join(f)) {
+                    let _ = std::fs::write(d.join(f), v.trim());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_cgroup_root(&self) {
+        for m in Self::cgroup_mounts() {
+            let d = m.join(self.cgroup_root.trim_start_matches('/'));
+            if d.exists() {
+                remove_cgroup_tree(&d);
+            }
+        }
+    }
+}
+
+impl Drop for Node<'_> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// rmdir a cgroup tree bottom-up (cgroup dirs hold only virtual files).
+fn remove_cgroup_tree(d: &Path) {
+    if let Ok(rd) = std::fs::read_dir(d) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(d) {
+        eprintln!("realk8s node: rmdir {}: {e}", d.display());
+    }
+}
+
+/// Poll `f` every 50 ms until it says true.
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn node_ready(node: &Value) -> bool {
+    node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// eth0's first IPv4 address (read only; the kubelet refuses a loopback node IP).
+pub fn eth0_ipv4() -> Result<String> {
+    let out = Command::new("ip")
+        .args(["-j", "-4", "addr", "show", "dev", "eth0"])
+        .output()
+        .context("run ip")?;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v[0]["addr_info"][0]["local"]
+        .as_str()
+        .map(str::to_string)
+        .context("eth0 has no IPv4 address (the kubelet needs a non-loopback node IP)")
+}
+
+/// Names of the `cni-*` network namespaces in /run/netns.
+pub fn cni_netns() -> BTreeSet<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("cni-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mount_points() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .collect()
+}
+
+/// Make /run/netns a (shared) mount point, as `ip netns add` does on first use.
+fn ensure_run_netns_mounted() -> Result<()> {
+    if mount_points().iter().any(|m| m == "/run/netns") {
+        return Ok(());
+    }
+    let name = format!("pxnode-probe{}", std::process::id());
+    let ok = Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()?
+        .success();
+    let _ = Command::new("ip").args(["netns", "del", &name]).status();
+    if !ok {
+        bail!("ip netns add {name} failed");
+    }
+    Ok(())
+}
+
+/// Unmount (lazily, deepest first) every mount under `dir`.
+fn unmount_under(dir: &Path) {
+    let prefix = dir.display().to_string();
+    // Several passes: mounts can be stacked on one path.
+    for _ in 0..5 {
+        let mut mounts: Vec<String> = mount_points()
+            .into_iter()
+            .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+            .collect();
+        if mounts.is_empty() {
+            return;
+        }
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    eprintln!("realk8s node: mounts left under {prefix}");
+}

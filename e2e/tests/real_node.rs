@@ -1,0 +1,698 @@
+//! Node tier: a real kubelet v1.36 and containerd 1.6 (`plexus_e2e::realk8s::node`) registered
+//! with a real kube-apiserver, the CNI config and plugins in directories of the node's own, and
+//! plexus installed the way the DaemonSet does it: every manifest in `deploy/` applied for real,
+//! then `deploy/install.sh` run with the DaemonSet's command and environment (token from the
+//! TokenRequest API for `kube-system/plexus`, generated config from a flannel-shaped primary
+//! conflist = bridge + host-local + portmap). Real pods then get 0, 1 and 3 extra networks in
+//! both annotation forms; a missing NAD; a burst of 20; deletes while the apiserver is down; and
+//! create→Running / delete→gone timings with and without plexus. After every delete: no netns,
+//! veth, lease, plan or result-cache file is left.
+//!
+//! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
+//! One control plane and one node per run; cases run in order (`cargo test -p plexus-e2e --test
+//! real_node -- NAME` runs the cases whose name contains NAME, plus the setup).
+
+#[path = "real_node/api.rs"]
+mod api;
+mod common;
+#[path = "real_node/pods.rs"]
+mod pods;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node, PRIMARY_CONF};
+use plexus_e2e::realk8s::{bins_or_skip, ControlPlane, K8sBins, Proc, Suite};
+use serde_json::{json, Value};
+
+use api::Api;
+use pods::*;
+
+/// Namespace of the test pods and most NADs.
+const NS: &str = "app";
+const NODE: &str = "plexus-node";
+
+fn main() -> ExitCode {
+    let Some(bins) = bins_or_skip() else {
+        return ExitCode::SUCCESS;
+    };
+    let cp = ControlPlane::start(&bins).expect("start control plane");
+    let mut tier = match Tier::start(&cp, &bins) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("real_node setup failed: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut suite = Suite::new("real_node");
+    let mut baseline = None;
+    suite.case("timings_with_the_bridge_alone_as_primary", || {
+        baseline = Some(tier.timings("bare", None)?);
+        Ok(())
+    });
+    let installed = tier.install();
+    let install_ok = installed.is_ok();
+    suite.case(
+        "deploy_manifests_applied_and_install_sh_run_with_the_daemonsets_environment",
+        || installed,
+    );
+    if !install_ok {
+        drop(tier);
+        return suite.finish();
+    }
+    suite.case("pods_with_0_1_and_3_extra_networks_in_both_forms", || {
+        tier.extra_networks()
+    });
+    suite.case("missing_nad_gives_a_clear_event_and_leaks_nothing", || {
+        tier.missing_nad()
+    });
+    suite.case("burst_of_20_pods_created_and_deleted", || tier.burst(20));
+    suite.case("pods_deleted_while_the_apiserver_is_stopped", || {
+        tier.deleted_while_apiserver_down()
+    });
+    suite.case("timings_with_plexus", || {
+        let none = tier.timings("plexus", None)?;
+        let one = tier.timings("plexus-1nad", Some(json!("br-a")))?;
+        print_timings(baseline.as_ref(), &none, &one);
+        Ok(())
+    });
+    suite.case("installer_exits_on_sigterm_and_leaves_its_config", || {
+        tier.stop_installer()
+    });
+    tier.node.stop();
+    ensure_gone_after_stop(&tier);
+    drop(tier);
+    suite.finish()
+}
+
+/// Everything the cases share.
+struct Tier<'a> {
+    cp: &'a ControlPlane,
+    node: Node<'a>,
+    api: Api,
+    installer: Option<Proc>,
+    /// The primary's bridge, the NADs' bridges, the macvlan master.
+    primary_bridge: String,
+    bridges: Vec<String>,
+    master: String,
+    /// Every sandbox ID seen (for the libcni cache check).
+    sandboxes: Vec<String>,
+}
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+/// A short unique link name (at most 15 bytes).
+fn link(suffix: &str) -> String {
+    format!("pxn{}{suffix}", std::process::id() % 100_000)
+}
+
+impl<'a> Tier<'a> {
+    fn start(cp: &'a ControlPlane, bins: &K8sBins) -> Result<Tier<'a>> {
+        let primary_bridge = link("c");
+        let bridges = vec![link("a"), link("b")];
+        let master = link("m");
+        let bridge = primary_bridge.clone();
+        let primary = move |ipam: &Path| {
+            json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[
+                {"type":"bridge","bridge":bridge,"isGateway":true,"isDefaultGateway":true,
+                 "ipMasq":false,"hairpinMode":true,
+                 "ipam":{"type":"host-local","dataDir":ipam,"ranges":[[{"subnet":"10.248.0.0/24"}]]}},
+                {"type":"portmap","capabilities":{"portMappings":true}}]})
+        };
+        // No controller-manager: the namespaces' default ServiceAccount and CA ConfigMap.
+        for ns in [NS, "default"] {
+            cp.create_namespace(ns)?;
+        }
+        let node = Node::start(cp, bins, NODE, &primary)?;
+        for l in [&primary_bridge, &master].into_iter().chain(bridges.iter()) {
+            node.own_link(l);
+        }
+        node.own_link(&format!("{master}p"));
+        // The macvlan master: a veth pair of the test's own.
+        let ok = Command::new("ip")
+            .args(["link", "add", &master, "type", "veth", "peer", "name"])
+            .arg(format!("{master}p"))
+            .status()?
+            .success();
+        ensure!(ok, "ip link add {master}");
+        for l in [master.clone(), format!("{master}p")] {
+            Command::new("ip")
+                .args(["link", "set", &l, "up"])
+                .status()?;
+        }
+        let api = Api::new(&cp.admin_kubeconfig())?;
+        Ok(Tier {
+            cp,
+            node,
+            api,
+            installer: None,
+            primary_bridge,
+            bridges,
+            master,
+            sandboxes: Vec::new(),
+        })
+    }
+
+    // ------------------------------------------------------------------------------ install
+
+    /// Apply every manifest in deploy/ and deploy/examples/, then run install.sh as the
+    /// DaemonSet would, against the node's directories; wait until a pod gets plexus' status.
+    fn install(&mut self) -> Result<()> {
+        let cp = self.cp;
+        // Every manifest, for real (no dry run), the README's order first.
+        for f in ["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"] {
+            cp.apply_file(&repo("deploy").join(f))
+                .with_context(|| format!("kubectl apply -f deploy/{f}"))?;
+        }
+        cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/network-attachment-definitions.k8s.cni.cncf.io",
+        ])?;
+        let all: Vec<PathBuf> = yaml_files(&repo("deploy"))?
+            .into_iter()
+            .chain(yaml_files(&repo("deploy/examples"))?)
+            .collect();
+        for f in &all {
+            cp.apply_file(f)
+                .with_context(|| format!("kubectl apply -f {}", f.display()))?;
+        }
+        // The example pod is bound to a node that does not exist here: remove it.
+        for f in &all {
+            let text = std::fs::read_to_string(f)?;
+            if text.contains("\nkind: Pod\n") {
+                cp.kubectl(&[
+                    "delete",
+                    "-f",
+                    &f.display().to_string(),
+                    "--grace-period=0",
+                    "--force",
+                ])?;
+            }
+        }
+        for (kind, name) in [
+            ("serviceaccount", "plexus"),
+            ("daemonset", "kube-plexus-ds"),
+        ] {
+            cp.kubectl(&["-n", "kube-system", "get", kind, name])?;
+        }
+        cp.kubectl(&["get", "clusterrole,clusterrolebinding", "plexus"])?;
+        cp.kubectl(&["-n", "default", "get", "net-attach-def", "macvlan-conf"])?;
+
+        // The DaemonSet's command and environment, as the apiserver stored them.
+        let ds: Value = serde_json::from_str(&cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "daemonset",
+            "kube-plexus-ds",
+            "-o",
+            "json",
+        ])?)?;
+        let c = &ds["spec"]["template"]["spec"]["containers"][0];
+        let command: Vec<String> = c["command"]
+            .as_array()
+            .context("DaemonSet container has no command")?
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        ensure!(
+            command.first().map(String::as_str) == Some("/install.sh"),
+            "{command:?}"
+        );
+        let mut env: Vec<(String, String)> = c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap_or("").to_string(),
+                    e["value"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        // What the DaemonSet's volumes and the service account give the container, mapped to
+        // the node's directories (hostPath /opt/cni/bin → bin dir, /etc/cni/net.d → conf dir).
+        let sa = self.node.path("serviceaccount");
+        std::fs::create_dir_all(&sa)?;
+        let token = cp.create_token("kube-system", "plexus")?;
+        std::fs::write(sa.join("token"), &token)?;
+        std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
+        let src = self.node.path("image-bin");
+        std::fs::create_dir_all(&src)?;
+        for b in ["plexus", "sriov"] {
+            std::fs::copy(common::bin(b), src.join(b))?;
+        }
+        let conf = self.node.conf_dir().display().to_string();
+        let p = |p: &Path| p.display().to_string();
+        env.extend([
+            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT".into(), cp.port().to_string()),
+            ("PLEXUS_SRC_DIR".into(), p(&src)),
+            ("PLEXUS_BIN_DIR".into(), p(&self.node.bin_dir())),
+            ("PLEXUS_CONF_DIR".into(), conf.clone()),
+            ("PLEXUS_HOST_CONF_DIR".into(), conf),
+            ("PLEXUS_TOKEN_FILE".into(), p(&sa.join("token"))),
+            ("PLEXUS_CA_FILE".into(), p(&sa.join("ca.crt"))),
+            ("PLEXUS_LOG_FILE".into(), p(&self.node.path("plexus.log"))),
+            (
+                "PLEXUS_EXTRA_CONFIG".into(),
+                json!({"cniDir": self.node.plexus_dir()}).to_string(),
+            ),
+        ]);
+        let mut args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        args.push("sh".into());
+        args.push(p(&repo("deploy/install.sh")));
+        args.extend(command[1..].iter().cloned());
+        let log = self.node.path("installer.log");
+        let proc = Proc::spawn("install.sh", Path::new("env"), &args, &log)?;
+        self.installer = Some(proc);
+        let final_conf = self.node.conf_dir().join("00-plexus.conflist");
+        wait_for("00-plexus.conflist", Duration::from_secs(60), || {
+            Ok(final_conf.exists())
+        })
+        .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
+        let conf: Value = serde_json::from_slice(&std::fs::read(&final_conf)?)?;
+        let plugin = &conf["plugins"][0];
+        ensure!(plugin["type"] == "plexus", "{conf}");
+        ensure!(
+            plugin["clusterNetwork"] == json!(self.node.conf_dir().join(PRIMARY_CONF)),
+            "{conf}"
+        );
+        ensure!(
+            plugin["capabilities"]["portMappings"] == true
+                && plugin["capabilities"]["io.kubernetes.cri.pod-annotations"] == true,
+            "{conf}"
+        );
+        ensure!(self.node.bin_dir().join("plexus").is_file());
+        // The runtime picks the new config up (write event): a pod now gets plexus' status.
+        let pod = manifest(NS, "probe", NODE, "probe", None);
+        wait_for(
+            "a pod with network-status (containerd loaded plexus' config)",
+            Duration::from_secs(30),
+            || {
+                let _ = self.api.delete_pod(NS, "probe");
+                wait_for("probe gone", Duration::from_secs(30), || {
+                    Ok(self.api.get_pod(NS, "probe")?.is_none())
+                })?;
+                self.api.create_pod(&pod)?;
+                wait_for("probe Running", Duration::from_secs(30), || {
+                    Ok(self.api.get_pod(NS, "probe")?.is_some_and(|p| running(&p)))
+                })?;
+                let p = self.api.get_pod(NS, "probe")?.context("probe")?;
+                Ok(!network_status(&p)?.is_empty())
+            },
+        )?;
+        let (sb, netns) = self.pod_netns(NS, "probe")?;
+        self.sandboxes.push(sb);
+        delete_and_wait(
+            &self.api,
+            NS,
+            "probe",
+            &["probe".to_string()],
+            &[netns],
+            Duration::from_secs(30),
+        )?;
+        self.wait_clean()?;
+
+        // The NADs the cases use: two bridges and a macvlan on the test's veth.
+        let nad = |ns: &str, name: &str, cfg: Value| -> Result<()> {
+            let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":name,"namespace":ns},"spec":{"config":cfg.to_string()}});
+            cp.apply(&nad.to_string()).map(drop)
+        };
+        let ipam = |subnet: &str| json!({"type":"host-local","dataDir":self.node.ipam_dir(),"ranges":[[{"subnet":subnet}]]});
+        nad(
+            NS,
+            "br-a",
+            json!({"cniVersion":"1.0.0","name":"br-a","type":"bridge","bridge":self.bridges[0],"ipam":ipam("10.249.1.0/24")}),
+        )?;
+        nad(
+            NS,
+            "br-b",
+            json!({"cniVersion":"1.0.0","name":"br-b","type":"bridge","bridge":self.bridges[1],"ipam":ipam("10.249.2.0/24")}),
+        )?;
+        nad(
+            "default",
+            "mv-c",
+            json!({"cniVersion":"0.4.0","name":"mv-c","type":"macvlan","master":self.master,"mode":"bridge","ipam":ipam("10.249.3.0/24")}),
+        )?;
+        Ok(())
+    }
+
+    /// SIGTERM the installer (as a DaemonSet rollout would); its config and binary stay.
+    fn stop_installer(&mut self) -> Result<()> {
+        let mut p = self.installer.take().context("installer not running")?;
+        p.stop(Duration::from_secs(10));
+        let log = std::fs::read_to_string(self.node.path("installer.log"))?;
+        ensure!(
+            log.contains("the config stays in place"),
+            "installer did not log its SIGTERM exit:\n{log}"
+        );
+        ensure!(self.node.conf_dir().join("00-plexus.conflist").exists());
+        ensure!(self
+            .node
+            .path("cni/net.d/plexus.d/plexus.kubeconfig")
+            .exists());
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------------------- helpers
+
+    /// (sandbox ID, netns path) of a running pod.
+    fn pod_netns(&self, ns: &str, name: &str) -> Result<(String, String)> {
+        let pod = self.api.get_pod(ns, name)?.context("pod gone")?;
+        let uid = pod["metadata"]["uid"].as_str().context("uid")?;
+        self.node.pod_sandbox(uid)
+    }
+
+    /// What the node still holds that belongs to deleted pods: plexus plans and result-cache
+    /// files, host-local leases, `cni-*` netns, host veths on the test bridges, libcni cache
+    /// entries of seen sandboxes. Call when no test pod exists.
+    fn leftovers(&self) -> Vec<String> {
+        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
+            .into_iter()
+            .map(|f| format!("plexus: {f}"))
+            .collect();
+        v.extend(
+            common::files_under(&self.node.ipam_dir())
+                .into_iter()
+                .map(|f| format!("lease: {f}")),
+        );
+        v.extend(
+            cni_netns()
+                .difference(self.node.netns_before())
+                .map(|n| format!("netns: {n}")),
+        );
+        for br in std::iter::once(&self.primary_bridge).chain(self.bridges.iter()) {
+            let out = common::ip(&["-j", "link", "show", "master", br]);
+            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
+            for l in links.as_array().into_iter().flatten() {
+                v.push(format!("veth on {br}: {}", l["ifname"]));
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if self.sandboxes.iter().any(|s| n.contains(s.as_str())) {
+                    v.push(format!("libcni cache: {n}"));
+                }
+            }
+        }
+        v
+    }
+
+    /// Wait (10 s) until [`Tier::leftovers`] is empty.
+    fn wait_clean(&self) -> Result<()> {
+        let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
+            Ok(self.leftovers().is_empty())
+        });
+        r.with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    /// Create pods, wait Running, check each with `check`, delete, wait gone, check clean.
+    fn run_pods(
+        &mut self,
+        batch: &str,
+        pods: &[(String, Option<Value>)],
+        check: impl Fn(&str, &[Value], &str) -> Result<()>,
+    ) -> Result<(Vec<f64>, Vec<f64>)> {
+        let manifests: Vec<Value> = pods
+            .iter()
+            .map(|(name, nets)| manifest(NS, name, NODE, batch, nets.as_ref()))
+            .collect();
+        let created = create_and_wait(&self.api, &manifests, Duration::from_secs(60))
+            .with_context(|| self.node.logs(10))?;
+        let mut netns = Vec::new();
+        for (name, _) in pods {
+            let (sb, ns) = self.pod_netns(NS, name)?;
+            let pod = self.api.get_pod(NS, name)?.context("pod")?;
+            check(name, &network_status(&pod)?, &ns).with_context(|| format!("pod {name}"))?;
+            self.sandboxes.push(sb);
+            netns.push(ns);
+        }
+        let names: Vec<String> = pods.iter().map(|(n, _)| n.clone()).collect();
+        let deleted = delete_and_wait(
+            &self.api,
+            NS,
+            batch,
+            &names,
+            &netns,
+            Duration::from_secs(60),
+        )?;
+        self.wait_clean()?;
+        Ok((created, deleted))
+    }
+
+    // ------------------------------------------------------------------------------ cases
+
+    fn extra_networks(&mut self) -> Result<()> {
+        let three_comma = json!("br-a, app/br-b@data0, default/mv-c");
+        let three_json = json!([{"name":"br-a"},{"name":"br-b","namespace":"app","interface":"data0"},
+            {"name":"mv-c","namespace":"default"}]);
+        let pods = vec![
+            ("zero".to_string(), None),
+            ("one-comma".to_string(), Some(json!("br-a"))),
+            ("one-json".to_string(), Some(json!([{"name":"br-a"}]))),
+            ("three-comma".to_string(), Some(three_comma)),
+            ("three-json".to_string(), Some(three_json)),
+        ];
+        self.run_pods("extra", &pods, |name, status, netns| {
+            let expected: &[(&str, &str)] = match name {
+                "zero" => &[("cbr0", "eth0")],
+                "one-comma" | "one-json" => &[("cbr0", "eth0"), ("app/br-a", "net1")],
+                _ => &[
+                    ("cbr0", "eth0"),
+                    ("app/br-a", "net1"),
+                    ("app/br-b", "data0"),
+                    ("default/mv-c", "net3"),
+                ],
+            };
+            check_pod_network(status, netns, expected)
+        })?;
+        // Events plexus posted were accepted by the real apiserver and are on the pods.
+        for name in ["zero", "three-json"] {
+            let evs = self.api.events(NS, name)?;
+            ensure!(
+                evs.iter().any(|e| e["reason"] == "AddedInterface"
+                    && e["type"] == "Normal"
+                    && e["reportingComponent"] == "plexus"),
+                "{name}: no AddedInterface event from plexus: {evs:#?}"
+            );
+        }
+        Ok(())
+    }
+
+    fn missing_nad(&mut self) -> Result<()> {
+        let pod = manifest(NS, "nonad", NODE, "nonad", Some(&json!("app/nope")));
+        self.api.create_pod(&pod)?;
+        // The kubelet retries the sandbox; plexus explains on the pod, and so does the kubelet.
+        let mut evs = Vec::new();
+        let seen = wait_for(
+            "events about the missing NAD",
+            Duration::from_secs(30),
+            || {
+                evs = self.api.events(NS, "nonad")?;
+                let plexus = evs.iter().any(|e| {
+                    e["type"] == "Warning"
+                        && e["reportingComponent"] == "plexus"
+                        && e["message"].as_str().unwrap_or("").contains("app/nope")
+                });
+                let kubelet = evs.iter().any(|e| {
+                    e["reason"] == "FailedCreatePodSandBox"
+                        && e["message"].as_str().unwrap_or("").contains("nope")
+                });
+                Ok(plexus && kubelet)
+            },
+        );
+        seen.with_context(|| format!("events: {evs:#?}"))?;
+        let p = self.api.get_pod(NS, "nonad")?.context("pod")?;
+        ensure!(p["status"]["phase"] == "Pending", "{}", p["status"]);
+        ensure!(network_status(&p)?.is_empty(), "no network-status expected");
+        for e in &evs {
+            if e["reportingComponent"] == "plexus" {
+                println!(
+                    "    plexus: {} {}: {}",
+                    e["type"], e["reason"], e["message"]
+                );
+            } else if e["reason"] == "FailedCreatePodSandBox" {
+                println!("    kubelet: {}", e["message"]);
+            }
+        }
+        let start = Instant::now();
+        self.api.delete_pod(NS, "nonad")?;
+        wait_for("nonad gone", Duration::from_secs(60), || {
+            Ok(self.api.get_pod(NS, "nonad")?.is_none())
+        })?;
+        println!(
+            "    failing pod deleted in {:.0} ms",
+            start.elapsed().as_secs_f64() * 1000.0
+        );
+        ensure!(
+            self.node
+                .cri()
+                .sandboxes(Some(p["metadata"]["uid"].as_str().unwrap_or("")))?
+                .iter()
+                .all(|s| s.state != 0),
+            "a ready sandbox is left"
+        );
+        self.wait_clean()
+    }
+
+    fn burst(&mut self, n: usize) -> Result<()> {
+        let pods: Vec<(String, Option<Value>)> = (0..n)
+            .map(|i| (format!("burst-{i}"), Some(json!("br-a"))))
+            .collect();
+        let ips = std::cell::RefCell::new(BTreeSet::new());
+        let (created, deleted) = self.run_pods("burst", &pods, |_, status, netns| {
+            check_pod_network(status, netns, &[("cbr0", "eth0"), ("app/br-a", "net1")])?;
+            for e in status {
+                let ip = e["ips"][0].as_str().unwrap_or("").to_string();
+                ensure!(ips.borrow_mut().insert(ip.clone()), "IP {ip} given twice");
+            }
+            Ok(())
+        })?;
+        println!(
+            "    burst of {n} (1 NAD): create→Running median {:.0} ms (max {:.0}), delete→gone median {:.0} ms (max {:.0})",
+            median(&created),
+            created.iter().cloned().fold(0.0, f64::max),
+            median(&deleted),
+            deleted.iter().cloned().fold(0.0, f64::max)
+        );
+        Ok(())
+    }
+
+    fn deleted_while_apiserver_down(&mut self) -> Result<()> {
+        // The container ignores SIGTERM (PID 1 without a handler): the kubelet's teardown (and
+        // so the CNI DEL) comes after the grace period, when the apiserver is already stopped.
+        let mut manifests = Vec::new();
+        for (name, nets) in [
+            ("down-1", json!("br-a")),
+            ("down-3", json!("br-a,br-b,default/mv-c")),
+        ] {
+            let mut m = manifest(NS, name, NODE, "down", Some(&nets));
+            m["spec"]["terminationGracePeriodSeconds"] = json!(3);
+            m["spec"]["containers"][0]["command"] = json!(["/pause", "ignore-sigterm"]);
+            manifests.push(m);
+        }
+        create_and_wait(&self.api, &manifests, Duration::from_secs(60))?;
+        let mut netns = Vec::new();
+        for name in ["down-1", "down-3"] {
+            let (sb, ns) = self.pod_netns(NS, name)?;
+            self.sandboxes.push(sb);
+            netns.push(ns);
+        }
+        for name in ["down-1", "down-3"] {
+            self.api.delete_pod(NS, name)?;
+        }
+        // Let the kubelet see the deletes, then take the apiserver away before the grace ends.
+        std::thread::sleep(Duration::from_millis(700));
+        ensure!(
+            netns.iter().all(|n| Path::new(n).exists()),
+            "torn down before the apiserver stopped: the case would not test anything"
+        );
+        self.cp.stop_apiserver();
+        let res = (|| {
+            wait_for(
+                "the pods' netns gone with the apiserver stopped",
+                Duration::from_secs(30),
+                || Ok(netns.iter().all(|n| !Path::new(n).exists())),
+            )?;
+            // Nothing left, while the apiserver is still down (DEL needs no API).
+            let r = wait_for("nothing left", Duration::from_secs(10), || {
+                Ok(self.leftovers().is_empty())
+            });
+            r.with_context(|| format!("left: {:?}", self.leftovers()))
+        })();
+        self.cp.start_apiserver()?;
+        res?;
+        wait_for("the pod objects gone", Duration::from_secs(60), || {
+            Ok(self.api.list_pods(NS, "down")?.is_empty())
+        })?;
+        self.wait_clean()
+    }
+
+    /// create→Running and delete→gone medians: 10 pods one after another, then 10 at once.
+    fn timings(&mut self, label: &str, nets: Option<Value>) -> Result<Timings> {
+        let mut seq_create = Vec::new();
+        let mut seq_delete = Vec::new();
+        for i in 0..10 {
+            let pods = vec![(format!("{label}-s{i}"), nets.clone())];
+            let (c, d) = self.run_pods(&format!("{label}-s{i}"), &pods, |_, _, _| Ok(()))?;
+            seq_create.extend(c);
+            seq_delete.extend(d);
+        }
+        let pods: Vec<(String, Option<Value>)> = (0..10)
+            .map(|i| (format!("{label}-b{i}"), nets.clone()))
+            .collect();
+        let (burst_create, burst_delete) =
+            self.run_pods(&format!("{label}-b"), &pods, |_, _, _| Ok(()))?;
+        let t = Timings {
+            seq_create: median(&seq_create),
+            seq_delete: median(&seq_delete),
+            burst_create: median(&burst_create),
+            burst_delete: median(&burst_delete),
+        };
+        println!("    {label}: {t:?}");
+        Ok(t)
+    }
+}
+
+/// Medians in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Timings {
+    seq_create: f64,
+    seq_delete: f64,
+    burst_create: f64,
+    burst_delete: f64,
+}
+
+fn print_timings(bare: Option<&Timings>, none: &Timings, one: &Timings) {
+    println!("\n    create→Running / delete→gone, medians in ms (real kubelet + containerd):");
+    println!("    | config | 10 one after another: create→Running | delete→gone | 10 at once: create→Running | delete→gone |");
+    println!("    |---|---|---|---|---|");
+    let row = |name: &str, t: &Timings| {
+        println!(
+            "    | {name} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            t.seq_create, t.seq_delete, t.burst_create, t.burst_delete
+        )
+    };
+    if let Some(b) = bare {
+        row("bridge alone (no plexus)", b);
+    }
+    row("plexus, no extra network", none);
+    row("plexus + 1 bridge NAD", one);
+}
+
+/// After the node stopped: no process of it, no mount under its dir, no netns it created.
+fn ensure_gone_after_stop(tier: &Tier<'_>) {
+    let dir = tier.node.dir().display().to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if mounts.contains(&dir) {
+        eprintln!("real_node: WARNING: mounts left under {dir}");
+    }
+    let left: Vec<_> = cni_netns()
+        .difference(tier.node.netns_before())
+        .cloned()
+        .collect();
+    if !left.is_empty() {
+        eprintln!("real_node: WARNING: netns left: {left:?}");
+    }
+}
+
+/// `*.yaml` files of a directory, sorted.
+fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    v.sort();
+    Ok(v)
+}

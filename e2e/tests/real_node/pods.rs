@@ -1,0 +1,222 @@
+//! Pods on the real node: manifests, waiting for Running and for gone, timings, and what a
+//! running pod's network namespace holds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::{json, Value};
+
+use super::api::Api;
+
+/// The locally built image (pause), never pulled.
+pub const IMAGE: &str = "docker.io/local/pause:1";
+/// Multus' annotations.
+pub const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+/// network-status annotation.
+pub const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// A pod manifest bound to `node`, labelled `batch=<batch>`.
+pub fn manifest(ns: &str, name: &str, node: &str, batch: &str, networks: Option<&Value>) -> Value {
+    let mut annotations = json!({});
+    if let Some(n) = networks {
+        let v = match n {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        annotations[NETWORKS] = json!(v);
+    }
+    json!({"apiVersion":"v1","kind":"Pod",
+        "metadata":{"name":name,"namespace":ns,"labels":{"batch":batch},"annotations":annotations},
+        "spec":{"nodeName":node,"automountServiceAccountToken":false,"enableServiceLinks":false,
+            "dnsPolicy":"Default","terminationGracePeriodSeconds":1,
+            "containers":[{"name":"c","image":IMAGE,"imagePullPolicy":"Never"}]}})
+}
+
+/// Whether the pod's phase is Running.
+pub fn running(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+}
+
+/// The pod's network-status, parsed (`[]` when absent).
+pub fn network_status(pod: &Value) -> Result<Vec<Value>> {
+    let s = pod["metadata"]["annotations"][STATUS]
+        .as_str()
+        .unwrap_or("[]");
+    serde_json::from_str(s).with_context(|| format!("network-status: {s}"))
+}
+
+/// Create `pods` (back to back) and wait until each is Running; milliseconds per pod from its
+/// POST to the first poll that saw it Running. Polls one LIST per 10 ms.
+pub fn create_and_wait(api: &Api, pods: &[Value], timeout: Duration) -> Result<Vec<f64>> {
+    let ns = pods[0]["metadata"]["namespace"].as_str().context("ns")?;
+    let batch = pods[0]["metadata"]["labels"]["batch"]
+        .as_str()
+        .context("batch")?;
+    let mut started: BTreeMap<String, Instant> = BTreeMap::new();
+    for p in pods {
+        let name = p["metadata"]["name"].as_str().context("name")?.to_string();
+        started.insert(name, Instant::now());
+        api.create_pod(p)?;
+    }
+    let mut done: BTreeMap<String, f64> = BTreeMap::new();
+    let deadline = Instant::now() + timeout;
+    while done.len() < started.len() {
+        for p in api.list_pods(ns, batch)? {
+            let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if let (true, Some(t0)) = (running(&p), started.get(&name)) {
+                done.entry(name)
+                    .or_insert_with(|| t0.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<_> = started.keys().filter(|k| !done.contains_key(*k)).collect();
+            bail!("not Running after {timeout:?}: {missing:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(done.into_values().collect())
+}
+
+/// Delete pods `names` (back to back) and wait until each is gone from the API and its netns
+/// (`netns[i]`) is gone; milliseconds per pod.
+pub fn delete_and_wait(
+    api: &Api,
+    ns: &str,
+    batch: &str,
+    names: &[String],
+    netns: &[String],
+    timeout: Duration,
+) -> Result<Vec<f64>> {
+    let mut started = Vec::new();
+    for n in names {
+        started.push(Instant::now());
+        api.delete_pod(ns, n)?;
+    }
+    let mut done: Vec<Option<f64>> = vec![None; names.len()];
+    let deadline = Instant::now() + timeout;
+    while done.iter().any(Option::is_none) {
+        let present: BTreeSet<String> = api
+            .list_pods(ns, batch)?
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        for (i, n) in names.iter().enumerate() {
+            let gone = !present.contains(n) && !std::path::Path::new(&netns[i]).exists();
+            if gone && done[i].is_none() {
+                done[i] = Some(started[i].elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("pods not gone after {timeout:?}: {names:?} / {done:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(done.into_iter().flatten().collect())
+}
+
+/// Median of `v` (ms).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// One interface inside a pod's netns.
+#[derive(Debug)]
+pub struct Iface {
+    /// MAC address.
+    pub mac: String,
+    /// Addresses without prefix length (global scope).
+    pub ips: Vec<String>,
+}
+
+/// The interfaces in network namespace `netns` (a path under /run/netns), by name.
+pub fn interfaces(netns: &str) -> Result<BTreeMap<String, Iface>> {
+    let name = netns.rsplit('/').next().unwrap_or(netns);
+    let out = Command::new("ip")
+        .args(["-n", name, "-j", "addr", "show"])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "ip -n {name} addr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    let mut map = BTreeMap::new();
+    for l in v.as_array().into_iter().flatten() {
+        let ips = l["addr_info"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["scope"] == "global")
+            .filter_map(|a| a["local"].as_str().map(str::to_string))
+            .collect();
+        map.insert(
+            l["ifname"].as_str().unwrap_or("?").to_string(),
+            Iface {
+                mac: l["address"].as_str().unwrap_or("").to_string(),
+                ips,
+            },
+        );
+    }
+    Ok(map)
+}
+
+/// Check that network-status and the netns agree: the same interfaces (plus `lo`), and each
+/// entry's IPs and MAC on the interface it names. `expected` = (network name, interface) in order.
+pub fn check_pod_network(status: &[Value], netns: &str, expected: &[(&str, &str)]) -> Result<()> {
+    let got: Vec<(String, String)> = status
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or("?").to_string(),
+                e["interface"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = expected
+        .iter()
+        .map(|(n, i)| (n.to_string(), i.to_string()))
+        .collect();
+    ensure!(got == want, "network-status {got:?}, expected {want:?}");
+    ensure!(
+        status[0]["default"] == true,
+        "first entry is the default network: {status:?}"
+    );
+    let ifs = interfaces(netns)?;
+    let mut names: BTreeSet<String> = ifs.keys().cloned().collect();
+    ensure!(names.remove("lo"), "no lo in {netns}");
+    let listed: BTreeSet<String> = want.iter().map(|(_, i)| i.clone()).collect();
+    ensure!(
+        names == listed,
+        "netns has {names:?}, network-status lists {listed:?}"
+    );
+    for e in status {
+        let ifname = e["interface"].as_str().unwrap_or("?");
+        let iface = &ifs[ifname];
+        ensure!(
+            e["mac"].as_str() == Some(iface.mac.as_str()),
+            "{ifname}: status MAC {} vs {}",
+            e["mac"],
+            iface.mac
+        );
+        let ips: Vec<String> = e["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.as_str().map(str::to_string))
+            .collect();
+        ensure!(
+            !ips.is_empty() && ips == iface.ips,
+            "{ifname}: status IPs {ips:?} vs netns {:?}",
+            iface.ips
+        );
+    }
+    Ok(())
+}
