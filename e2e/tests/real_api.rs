@@ -220,6 +220,19 @@ impl<'a> Node<'a> {
     }
 }
 
+/// `f()` and its wall time in milliseconds.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let t0 = std::time::Instant::now();
+    let out = f();
+    (out, t0.elapsed().as_secs_f64() * 1e3)
+}
+
+/// `GET pods ×1, PATCH pods/status ×1, …`
+fn shown(c: &RequestCounts) -> String {
+    let v: Vec<String> = c.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+    v.join(", ")
+}
+
 fn total(c: &RequestCounts) -> u64 {
     c.values().sum()
 }
@@ -254,7 +267,9 @@ fn three_extra_networks(node: &Node<'_>) -> Result<()> {
         let uid = node.pod("db", &pod, json!({NETWORKS: value}))?;
         let args = Node::args("db", &pod, &uid);
         let cid = format!("cid-{form}");
-        let (r, reqs) = node.counted(|| node.call("ADD", &cid, &ns.path(), &args, &json!({})))?;
+        let (r, reqs) =
+            node.counted(|| timed(|| node.call("ADD", &cid, &ns.path(), &args, &json!({}))))?;
+        let (r, add_ms) = r;
         let out = r.ok().clone();
         ensure!(
             out["ips"][0]["address"]
@@ -308,8 +323,9 @@ fn three_extra_networks(node: &Node<'_>) -> Result<()> {
         );
         // Requests, from the apiserver's own counters: GET pod, 3 NAD GETs, PATCH status, POST event.
         println!(
-            "    ADD ({form}, 3 NADs): {} requests: {reqs:?}",
-            total(&reqs)
+            "    ADD ({form}, 3 NADs): {add_ms:.0} ms, {} requests: {}",
+            total(&reqs),
+            shown(&reqs)
         );
         ensure!(reqs.get(&key("GET", "pods", "")) == Some(&1), "{reqs:?}");
         ensure!(
@@ -323,9 +339,13 @@ fn three_extra_networks(node: &Node<'_>) -> Result<()> {
         ensure!(reqs.get(&key("POST", "events", "")) == Some(&1), "{reqs:?}");
         ensure!(total(&reqs) == 6, "N + 3 = 6: {reqs:?}");
         node.call("CHECK", &cid, &ns.path(), &args, &json!({})).ok();
-        let (r, reqs) = node.counted(|| node.call("DEL", &cid, &ns.path(), &args, &json!({})))?;
+        let ((r, del_ms), reqs) =
+            node.counted(|| timed(|| node.call("DEL", &cid, &ns.path(), &args, &json!({}))))?;
         r.ok();
-        println!("    DEL ({form}): {} requests", total(&reqs));
+        println!(
+            "    DEL ({form}): {del_ms:.0} ms, {} requests",
+            total(&reqs)
+        );
         ensure!(reqs.is_empty(), "DEL must not call the API: {reqs:?}");
         ensure!(ns.links() == ["lo"]);
         ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
@@ -339,7 +359,11 @@ fn no_networks(node: &Node<'_>) -> Result<()> {
     let args = Node::args("db", "solo", &uid);
     let (r, reqs) = node.counted(|| node.call("ADD", "cid-solo", &ns.path(), &args, &json!({})))?;
     r.ok();
-    println!("    ADD (no NAD): {} requests: {reqs:?}", total(&reqs));
+    println!(
+        "    ADD (no NAD): {} requests: {}",
+        total(&reqs),
+        shown(&reqs)
+    );
     ensure!(total(&reqs) == 3, "GET pod, PATCH status, event: {reqs:?}");
     ensure!(ns.links().len() == 2);
     ensure!(status_names(&node.status("db", "solo")?) == ["cbr0"]);
@@ -434,8 +458,9 @@ fn runtime_annotations(node: &Node<'_>) -> Result<()> {
     let (r, reqs) = node.counted(|| node.call("ADD", "cid-rt", &ns.path(), &args, &extra))?;
     r.ok();
     println!(
-        "    ADD (1 NAD, runtime annotations): {} requests: {reqs:?}",
-        total(&reqs)
+        "    ADD (1 NAD, runtime annotations): {} requests: {}",
+        total(&reqs),
+        shown(&reqs)
     );
     ensure!(
         !reqs.contains_key(&key("GET", "pods", "")),
@@ -483,7 +508,11 @@ fn replaced_before_patch(node: &Node<'_>) -> Result<()> {
     let ns = Netns::new();
     let args = Node::args("db", "swap", stale);
     let (r, reqs) = node.counted(|| node.call("ADD", "cid-swap", &ns.path(), &args, &extra))?;
-    println!("    ADD (stale UID): {} requests: {reqs:?}", total(&reqs));
+    println!(
+        "    ADD (stale UID): {} requests: {}",
+        total(&reqs),
+        shown(&reqs)
+    );
     ensure!(
         reqs.get(&key("PATCH", "pods", "status")) == Some(&1),
         "{reqs:?}"
