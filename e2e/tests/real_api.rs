@@ -54,6 +54,10 @@ fn main() -> ExitCode {
     suite.case("pod_annotations_from_the_runtime_save_the_pod_get", || {
         runtime_annotations(&node)
     });
+    suite.case(
+        "cluster_network_file_default_networks_and_no_events",
+        || multus_style(&node),
+    );
     suite.case("pod_recreated_with_another_uid_is_refused", || {
         recreated_pod(&node)
     });
@@ -469,6 +473,46 @@ fn runtime_annotations(node: &Node<'_>) -> Result<()> {
     ensure!(total(&reqs) == 1 + 2, "N + 2: {reqs:?}");
     ensure!(status_names(&node.status("db", "rt")?) == ["cbr0", "db/mv-rt"]);
     node.call("DEL", "cid-rt", &ns.path(), &args, &extra).ok();
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
+/// `clusterNetwork` from a file, `defaultNetworks` from kube-system, `events: false`.
+fn multus_style(node: &Node<'_>) -> Result<()> {
+    let primary = node.path("10-flannel.conflist");
+    std::fs::write(
+        &primary,
+        flannel_like(&node.bridge.0, node.octet, &node.path("ipam")).to_string(),
+    )?;
+    node.macvlan_nad(
+        "kube-system",
+        "monitoring",
+        node.host_local("10.159.9.0/24"),
+    )?;
+    node.macvlan_nad("db", "mv-m", node.host_local("10.159.1.0/24"))?;
+    let extra = json!({"clusterNetwork": primary, "defaultNetworks": ["monitoring"], "delegates": [], "events": false});
+    let ns = Netns::new();
+    let uid = node.pod("db", "m", json!({NETWORKS: "mv-m"}))?;
+    let args = Node::args("db", "m", &uid);
+    let (r, reqs) = node.counted(|| node.call("ADD", "cid-m", &ns.path(), &args, &extra))?;
+    r.ok();
+    println!(
+        "    ADD (2 NADs, events off): {} requests: {}",
+        total(&reqs),
+        shown(&reqs)
+    );
+    ensure!(total(&reqs) == 4, "GET pod, 2 NADs, PATCH status: {reqs:?}");
+    let st = node.status("db", "m")?;
+    ensure!(
+        status_names(&st) == ["cbr0", "kube-system/monitoring", "db/mv-m"],
+        "{st}"
+    );
+    ensure!(
+        st[1]["interface"] == "net1" && st[2]["interface"] == "net2",
+        "{st}"
+    );
+    ensure!(node.events("db", "m")?.is_empty(), "events: false");
+    node.call("DEL", "cid-m", &ns.path(), &args, &extra).ok();
     ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
     Ok(())
 }
