@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     suite.case("pod_replaced_before_the_status_patch_is_recognised", || {
         replaced_before_patch(&node)
     });
-    suite.case("del_with_the_apiserver_stopped_leaves_nothing", || {
+    suite.case("del_and_add_with_the_apiserver_stopped", || {
         del_apiserver_stopped(&node)
     });
     suite.case("stand_in_answers_like_the_real_apiserver", || {
@@ -587,6 +587,7 @@ fn del_apiserver_stopped(node: &Node<'_>) -> Result<()> {
         .ok();
     ensure!(ns.links().len() == 3);
     ensure!(!node.leftovers().is_empty(), "ADD left a plan and leases");
+    let uid2 = node.pod("db", "down-add", json!({}))?;
     node.cp.stop_apiserver();
     let res = (|| -> Result<()> {
         node.call("DEL", "cid-down", &ns.path(), &args, &json!({}))
@@ -595,6 +596,19 @@ fn del_apiserver_stopped(node: &Node<'_>) -> Result<()> {
         node.call("DEL", "cid-down", "", &args, &json!({})).ok();
         node.call("DEL", "cid-down", "", &args, &json!({})).ok();
         ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+        ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+        // An ADD meanwhile is "try again later" (11) and attaches nothing.
+        let ns2 = Netns::new();
+        let args2 = Node::args("db", "down-add", &uid2);
+        let (r, ms) = timed(|| node.call("ADD", "cid-down-add", &ns2.path(), &args2, &json!({})));
+        println!(
+            "    ADD with the apiserver stopped: code {} after {ms:.0} ms",
+            r.out["code"]
+        );
+        ensure!(r.err()["code"] == 11, "{}", r.out);
+        ensure!(ns2.links() == ["lo"]);
+        node.call("DEL", "cid-down-add", "", &args2, &json!({}))
+            .ok();
         ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
         Ok(())
     })();
