@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and running plexus needs on Debian 12 (run as root).
 set -euo pipefail
-packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config)
+# etcd-server, util-linux (setpriv), xz-utils: the real-cluster tiers (kubectl comes from Kubernetes' own repository).
+packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
