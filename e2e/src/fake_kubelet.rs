@@ -32,6 +32,9 @@ pub struct FakePod {
     pub name: String,
     /// `(container name, resource name, device IDs)`; several rows per container are allowed.
     pub containers: Vec<(String, String, Vec<String>)>,
+    /// DRA devices: `(claim namespace, claim name, driver, pool, device)`, reported on the
+    /// first container.
+    pub claim_devices: Vec<[String; 5]>,
 }
 
 impl FakePod {
@@ -41,7 +44,22 @@ impl FakePod {
             namespace: namespace.to_string(),
             name: name.to_string(),
             containers: Vec::new(),
+            claim_devices: Vec::new(),
         }
+    }
+
+    /// Add a DRA device prepared for claim `ns/claim`.
+    pub fn with_claim_device(
+        mut self,
+        ns: &str,
+        claim: &str,
+        driver: &str,
+        pool: &str,
+        device: &str,
+    ) -> Self {
+        self.claim_devices
+            .push([ns, claim, driver, pool, device].map(str::to_string));
+        self
     }
 
     /// Add devices of `resource` to `container`.
@@ -68,7 +86,29 @@ impl FakePod {
                     name: cname.clone(),
                     devices: vec![devices],
                     cpu_ids: Vec::new(),
+                    dynamic_resources: Vec::new(),
                 }),
+            }
+        }
+        if !self.claim_devices.is_empty() {
+            if containers.is_empty() {
+                containers.push(ContainerResources {
+                    name: "c".into(),
+                    ..Default::default()
+                });
+            }
+            for [ns, claim, driver, pool, device] in &self.claim_devices {
+                containers[0]
+                    .dynamic_resources
+                    .push(proto::DynamicResource {
+                        claim_name: claim.clone(),
+                        claim_namespace: ns.clone(),
+                        claim_resources: vec![proto::ClaimResource {
+                            driver_name: driver.clone(),
+                            pool_name: pool.clone(),
+                            device_name: device.clone(),
+                        }],
+                    });
             }
         }
         PodResources {

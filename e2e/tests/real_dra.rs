@@ -58,6 +58,9 @@ fn main() -> ExitCode {
         "dra_bank_scenario_three_vfs_device_info_claim_network_data_del_with_apiserver_stopped",
         || dra_bank(&rig),
     );
+    suite.case("dra_devices_named_by_the_kubelet_need_no_claim_get", || {
+        dra_kubelet_named(&rig)
+    });
     suite.case("device_plugin_bank_scenario_from_the_checkpoint", || {
         device_plugin_bank(&rig)
     });
@@ -468,6 +471,48 @@ fn dra_bank(rig: &Rig<'_>) -> Result<()> {
     rig.assert_clean(&before_pf, "DRA bank")?;
     rig.delete("pod", "pg-dra");
     rig.delete("resourceclaim", "pg-vfs");
+    Ok(())
+}
+
+/// The kubelet's pod-resources API reports the claim's prepared devices (dynamic_resources):
+/// plexus reads only the slices for their attributes, no claim.
+fn dra_kubelet_named(rig: &Rig<'_>) -> Result<()> {
+    use plexus_e2e::fake_kubelet::{FakeKubelet, FakeKubeletOptions, FakePod};
+    let before_pf = rig.pf_side();
+    rig.claim("pg-named", &["vf-2"], true)?;
+    let uid = rig.pod("pg-named", "vf-b", Some("pg-named"))?;
+    let mut kubelet = FakeKubelet::start(
+        &rig.p("no-kubelet.sock"),
+        vec![FakePod::new("bank", "pg-named")
+            .with_claim_device("bank", "pg-named", DRIVER, NODE, "vf-2")],
+        FakeKubeletOptions::default(),
+    )?;
+    let ns = Netns::new();
+    let mut add = None;
+    let counts = dra_requests(rig.cp, || {
+        add = Some(rig.plexus("ADD", "pg-named", &uid, &ns.path()));
+    })?;
+    let add = add.unwrap();
+    println!("    kubelet-named DRA ADD requests: {counts:?}");
+    let del = rig.plexus("DEL", "pg-named", &uid, &ns.path());
+    kubelet.stop();
+    std::fs::remove_file(rig.p("no-kubelet.sock")).ok();
+    ensure!(add.code == 0, "ADD failed: {} {}", add.out, add.stderr);
+    ensure!(del.code == 0, "DEL failed: {} {}", del.out, del.stderr);
+    let get_claims = counts
+        .iter()
+        .filter(|(k, _)| k.resource == "resourceclaims" && k.verb == "GET")
+        .map(|(_, v)| v)
+        .sum::<u64>();
+    let list_slices = counts
+        .iter()
+        .filter(|(k, _)| k.resource == "resourceslices")
+        .map(|(_, v)| v)
+        .sum::<u64>();
+    ensure!(get_claims == 0 && list_slices == 1, "{counts:?}");
+    rig.assert_clean(&before_pf, "kubelet-named")?;
+    rig.delete("pod", "pg-named");
+    rig.delete("resourceclaim", "pg-named");
     Ok(())
 }
 

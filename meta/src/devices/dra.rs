@@ -105,18 +105,32 @@ pub fn resolve(
     slices: &[ResourceSlice],
     label: &str,
 ) -> Result<Vec<DraDevice>, CniError> {
-    let mut out = Vec::new();
+    let mut all = Vec::new();
     for claim in claims {
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        let mapping = extended.filter(|e| e.claim_name == name);
-        for a in allocated(claim, label)? {
-            let slice = slices.iter().find(|s| {
-                s.spec.driver == a.driver
-                    && s.spec.pool.name == a.pool
-                    && attribute(s, &a.device, DEVICE_ID_ATTR).is_some()
-            });
-            let Some(slice) = slice else {
-                return Err(err(
+        all.extend(allocated(claim, label)?);
+    }
+    resolve_allocated(namespace, node, all, extended, slices, label)
+}
+
+/// [`resolve`] for allocation results already known (from the claims, or named by the kubelet).
+fn resolve_allocated(
+    namespace: &str,
+    node: &str,
+    all: Vec<Allocated>,
+    extended: Option<&ExtendedClaim>,
+    slices: &[ResourceSlice],
+    label: &str,
+) -> Result<Vec<DraDevice>, CniError> {
+    let mut out = Vec::new();
+    for a in all {
+        let mapping = extended.filter(|e| e.claim_name == a.claim);
+        let slice = slices.iter().find(|s| {
+            s.spec.driver == a.driver
+                && s.spec.pool.name == a.pool
+                && attribute(s, &a.device, DEVICE_ID_ATTR).is_some()
+        });
+        let Some(slice) = slice else {
+            return Err(err(
                     label,
                     format!(
                         "device {}/{}/{} of ResourceClaim {} is not in any ResourceSlice of node {node}",
@@ -124,20 +138,20 @@ pub fn resolve(
                     ),
                     "the DRA driver has not published it (or unpublished it); the claim cannot be used",
                 ));
-            };
-            let Some(device_id) = attribute(slice, &a.device, DEVICE_ID_ATTR).flatten() else {
-                tracing::debug!(device = %a.device, "allocated device has no deviceID attribute: not a network device");
-                continue;
-            };
-            let attr_resource = attribute(slice, &a.device, RESOURCE_NAME_ATTR).flatten();
-            let resource = match mapping {
-                Some(m) => {
-                    let base = a.request.split('/').next().unwrap_or_default();
-                    let Some((wanted, _)) = m.mappings.iter().find(|(_, req)| req == base) else {
-                        continue;
-                    };
-                    if let Some(got) = attr_resource.as_ref().filter(|g| *g != wanted) {
-                        return Err(err(
+        };
+        let Some(device_id) = attribute(slice, &a.device, DEVICE_ID_ATTR).flatten() else {
+            tracing::debug!(device = %a.device, "allocated device has no deviceID attribute: not a network device");
+            continue;
+        };
+        let attr_resource = attribute(slice, &a.device, RESOURCE_NAME_ATTR).flatten();
+        let resource = match mapping {
+            Some(m) => {
+                let base = a.request.split('/').next().unwrap_or_default();
+                let Some((wanted, _)) = m.mappings.iter().find(|(_, req)| req == base) else {
+                    continue;
+                };
+                if let Some(got) = attr_resource.as_ref().filter(|g| *g != wanted) {
+                    return Err(err(
                             label,
                             format!(
                                 "device {} of ResourceClaim {} has resourceName {got}, but the pod's extended resource {wanted} maps to it",
@@ -145,27 +159,26 @@ pub fn resolve(
                             ),
                             format!("attribute {RESOURCE_NAME_ATTR} must equal the extended resource name"),
                         ));
-                    }
-                    wanted.clone()
                 }
-                None => match attr_resource {
-                    Some(r) => r,
-                    None => {
-                        tracing::debug!(device = %a.device, "allocated device has no resourceName attribute: skipped");
-                        continue;
-                    }
-                },
-            };
-            out.push(DraDevice {
-                claim_namespace: namespace.to_string(),
-                claim_name: a.claim.clone(),
-                driver: a.driver,
-                pool: a.pool,
-                device: a.device,
-                device_id,
-                resource_name: resource,
-            });
-        }
+                wanted.clone()
+            }
+            None => match attr_resource {
+                Some(r) => r,
+                None => {
+                    tracing::debug!(device = %a.device, "allocated device has no resourceName attribute: skipped");
+                    continue;
+                }
+            },
+        };
+        out.push(DraDevice {
+            claim_namespace: namespace.to_string(),
+            claim_name: a.claim.clone(),
+            driver: a.driver,
+            pool: a.pool,
+            device: a.device,
+            device_id,
+            resource_name: resource,
+        });
     }
     Ok(out)
 }
@@ -181,6 +194,72 @@ pub fn device_map(devices: &[DraDevice]) -> DeviceMap {
     map.into_iter()
         .map(|(k, v)| (k, v.into_iter().collect()))
         .collect()
+}
+
+/// The slices of `drivers` on `node` (one LIST per driver, concurrently).
+async fn list_slices(
+    client: &KubeClient,
+    node: &str,
+    drivers: &BTreeSet<String>,
+    label: &str,
+) -> Result<Vec<ResourceSlice>, CniError> {
+    let listed =
+        futures::future::join_all(drivers.iter().map(|d| client.list_resource_slices(node, d)))
+            .await;
+    let mut slices = Vec::new();
+    for (driver, got) in drivers.iter().zip(listed) {
+        slices.extend(got.map_err(|e| {
+            CniError::new(
+                e.cni_code(),
+                format!(
+                    "{label}: cannot list the ResourceSlices of driver {driver} on node {node}"
+                ),
+                e.to_string(),
+            )
+        })?);
+    }
+    Ok(slices)
+}
+
+/// The pod's devices as the kubelet named them (pod-resources `dynamic_resources`), when they
+/// cover every claim of the pod: no claim GET is needed, only the slices for the attributes.
+/// `None` when the kubelet's report cannot stand in for the claims (an extended-resource claim
+/// needs its request names; a claim without a reported device needs its allocation checked).
+pub async fn lookup_named(
+    client: &KubeClient,
+    namespace: &str,
+    pod: &PodClaims,
+    named: &[crate::devices::podresources::ClaimDevice],
+    label: &str,
+) -> Option<Result<Vec<DraDevice>, CniError>> {
+    let named: Vec<_> = named
+        .iter()
+        .filter(|d| d.claim_namespace == namespace)
+        .collect();
+    let covered = pod
+        .claims
+        .iter()
+        .all(|c| named.iter().any(|d| &d.claim_name == c));
+    if pod.extended.is_some() || named.is_empty() || !covered {
+        return None;
+    }
+    let all: Vec<Allocated> = named
+        .iter()
+        .map(|d| Allocated {
+            claim: d.claim_name.clone(),
+            driver: d.driver.clone(),
+            pool: d.pool.clone(),
+            device: d.device.clone(),
+            request: String::new(),
+        })
+        .collect();
+    let drivers: BTreeSet<String> = all.iter().map(|a| a.driver.clone()).collect();
+    Some(
+        match list_slices(client, &pod.node_name, &drivers, label).await {
+            Ok(slices) => resolve_allocated(namespace, &pod.node_name, all, None, &slices, label),
+            Err(e) => Err(e),
+        },
+    )
 }
 
 /// Fetch the pod's claims and the slices of their drivers on its node (one GET per claim, one
@@ -229,25 +308,7 @@ pub async fn lookup(
             drivers.insert(a.driver);
         }
     }
-    let listed = futures::future::join_all(
-        drivers
-            .iter()
-            .map(|d| client.list_resource_slices(&pod.node_name, d)),
-    )
-    .await;
-    let mut slices = Vec::new();
-    for (driver, got) in drivers.iter().zip(listed) {
-        slices.extend(got.map_err(|e| {
-            CniError::new(
-                e.cni_code(),
-                format!(
-                    "{label}: cannot list the ResourceSlices of driver {driver} on node {}",
-                    pod.node_name
-                ),
-                e.to_string(),
-            )
-        })?);
-    }
+    let slices = list_slices(client, &pod.node_name, &drivers, label).await?;
     resolve(
         namespace,
         &pod.node_name,

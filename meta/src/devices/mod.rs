@@ -13,6 +13,7 @@ use crate::plan::DeviceMap;
 use crate::pod::PodInfo;
 use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::checkpoint;
+use podresources::PodAllocations;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,26 +22,34 @@ const POD_RESOURCES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Devices allocated to `pod`, per resource: the pod-resources API when its socket answers,
 /// else the checkpoint file.
-pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<DeviceMap, CniError> {
+pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, CniError> {
     let label = format!("pod {}", pod.id.key());
     let socket = PathBuf::from(&ctx.config.pod_resources_socket);
     let (ns, name) = (pod.id.namespace.clone(), pod.id.name.clone());
     let api = ctx.block_on(async move {
-        podresources::pod_devices(&socket, &ns, &name, POD_RESOURCES_TIMEOUT).await
+        podresources::pod_allocations(&socket, &ns, &name, POD_RESOURCES_TIMEOUT).await
     })?;
+    let mut named = Vec::new();
     let api_err = match api {
-        Ok(devices) if !devices.is_empty() => return Ok(devices),
-        Ok(_) => None,
+        Ok(a) if !a.devices.is_empty() => return Ok(a),
+        Ok(a) => {
+            named = a.claim_devices;
+            None
+        }
         Err(e) => {
             tracing::info!(error = %e, "pod-resources API unavailable; reading the device checkpoint");
             Some(e.to_string())
         }
     };
     let cp_path = PathBuf::from(&ctx.config.device_checkpoint_file);
+    let with_named = |devices| PodAllocations {
+        devices,
+        claim_devices: named.clone(),
+    };
     match from_checkpoint(&cp_path, &pod.id.uid, &label) {
-        Ok(devices) => Ok(devices),
+        Ok(devices) => Ok(with_named(devices)),
         // The API answered (with no devices) but there is no checkpoint: nothing is allocated.
-        Err(_) if api_err.is_none() => Ok(DeviceMap::new()),
+        Err(_) if api_err.is_none() => Ok(with_named(DeviceMap::new())),
         Err(e) => Err(CniError::new(
             e.code,
             e.msg,
@@ -64,7 +73,10 @@ pub fn allocated(
     wanted: &std::collections::BTreeSet<String>,
 ) -> Result<(DeviceMap, Vec<dra::DraDevice>), CniError> {
     let label = format!("pod {}", pod.id.key());
-    let plugin = lookup(ctx, pod);
+    let (plugin, named) = match lookup(ctx, pod) {
+        Ok(a) => (Ok(a.devices), a.claim_devices),
+        Err(e) => (Err(e), Vec::new()),
+    };
     let covered = |m: &DeviceMap| wanted.iter().all(|r| m.contains_key(r));
     if plugin.as_ref().is_ok_and(covered) {
         return Ok((plugin.unwrap_or_default(), Vec::new()));
@@ -82,7 +94,11 @@ pub fn allocated(
         return plugin.map(|m| (m, Vec::new()));
     }
     let ns = pod.id.namespace.clone();
-    let found = ctx.block_on(dra::lookup(client, &ns, &claims, &label))??;
+    // The kubelet names the prepared devices: then only the slices are read.
+    let found = match ctx.block_on(dra::lookup_named(client, &ns, &claims, &named, &label))? {
+        Some(found) => found?,
+        None => ctx.block_on(dra::lookup(client, &ns, &claims, &label))??,
+    };
     let mut map = match plugin {
         Ok(m) => m,
         // The device plugin's sources failing is fine when the claims cover every resource.

@@ -95,6 +95,38 @@ pub mod proto {
         /// Exclusive CPUs (CPU manager static policy).
         #[prost(int64, repeated, tag = "3")]
         pub cpu_ids: Vec<i64>,
+        /// DRA devices of the container's claims (beta, on by default since 1.34).
+        #[prost(message, repeated, tag = "5")]
+        pub dynamic_resources: Vec<DynamicResource>,
+    }
+
+    /// `DynamicResource{ string claim_name = 2; string claim_namespace = 3; repeated ClaimResource claim_resources = 4 }`
+    /// (field 1, `class_name`, was removed).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DynamicResource {
+        /// The ResourceClaim's API name.
+        #[prost(string, tag = "2")]
+        pub claim_name: String,
+        /// Its namespace.
+        #[prost(string, tag = "3")]
+        pub claim_namespace: String,
+        /// The devices prepared for it.
+        #[prost(message, repeated, tag = "4")]
+        pub claim_resources: Vec<ClaimResource>,
+    }
+
+    /// `ClaimResource{ repeated CDIDevice cdi_devices = 1; string driver_name = 2; string pool_name = 3; string device_name = 4 }`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ClaimResource {
+        /// Driver.
+        #[prost(string, tag = "2")]
+        pub driver_name: String,
+        /// Pool.
+        #[prost(string, tag = "3")]
+        pub pool_name: String,
+        /// Device name in the pool.
+        #[prost(string, tag = "4")]
+        pub device_name: String,
     }
 
     /// `ContainerDevices{ string resource_name = 1; repeated string device_ids = 2; TopologyInfo topology = 3 }`.
@@ -172,6 +204,30 @@ impl PodResourcesError {
     }
 }
 
+/// A DRA device the kubelet prepared for one of the pod's claims.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClaimDevice {
+    /// Claim namespace.
+    pub claim_namespace: String,
+    /// Claim API name.
+    pub claim_name: String,
+    /// Driver.
+    pub driver: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+}
+
+/// What the kubelet allocated to one pod: device-plugin IDs per resource and DRA devices.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodAllocations {
+    /// Device IDs per resource name (sorted, deduplicated).
+    pub devices: BTreeMap<String, Vec<String>>,
+    /// DRA devices per claim (sorted, deduplicated).
+    pub claim_devices: Vec<ClaimDevice>,
+}
+
 /// Device IDs per resource name allocated to pod `ns`/`name` (all containers merged; each list
 /// sorted and deduplicated). A pod the kubelet does not know, or without devices, gives an empty
 /// map. The whole exchange (connect, `Get`, maybe `List`) is bounded by `timeout`.
@@ -181,12 +237,54 @@ pub async fn pod_devices(
     name: &str,
     timeout: Duration,
 ) -> Result<BTreeMap<String, Vec<String>>, PodResourcesError> {
+    pod_allocations(socket, ns, name, timeout)
+        .await
+        .map(|a| a.devices)
+}
+
+/// Like [`pod_devices`], with the DRA devices the kubelet reports for the pod's claims.
+pub async fn pod_allocations(
+    socket: &Path,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<PodAllocations, PodResourcesError> {
     if !socket.exists() {
         return Err(PodResourcesError::NoSocket(socket.to_path_buf()));
     }
     match tokio::time::timeout(timeout, query(socket, ns, name)).await {
         Ok(result) => result,
         Err(_) => Err(PodResourcesError::Timeout(timeout)),
+    }
+}
+
+/// The DRA devices of pod `ns`/`name` in `pods` (every container).
+pub fn merge_claim_devices(pods: &[PodResources], ns: &str, name: &str) -> Vec<ClaimDevice> {
+    let mut out: Vec<ClaimDevice> = pods
+        .iter()
+        .filter(|p| p.namespace == ns && p.name == name)
+        .flat_map(|p| p.containers.iter())
+        .flat_map(|c| c.dynamic_resources.iter())
+        .flat_map(|d| {
+            d.claim_resources.iter().map(|r| ClaimDevice {
+                claim_namespace: d.claim_namespace.clone(),
+                claim_name: d.claim_name.clone(),
+                driver: r.driver_name.clone(),
+                pool: r.pool_name.clone(),
+                device: r.device_name.clone(),
+            })
+        })
+        .filter(|d| !d.device.is_empty())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn allocations(pods: &[PodResources], ns: &str, name: &str) -> PodAllocations {
+    PodAllocations {
+        devices: merge_devices(pods, ns, name),
+        claim_devices: merge_claim_devices(pods, ns, name),
     }
 }
 
@@ -213,11 +311,7 @@ pub fn merge_devices(pods: &[PodResources], ns: &str, name: &str) -> BTreeMap<St
 
 type Client = tonic::client::Grpc<Channel>;
 
-async fn query(
-    socket: &Path,
-    ns: &str,
-    name: &str,
-) -> Result<BTreeMap<String, Vec<String>>, PodResourcesError> {
+async fn query(socket: &Path, ns: &str, name: &str) -> Result<PodAllocations, PodResourcesError> {
     let mut client = connect(socket).await?;
     let get = GetPodResourcesRequest {
         pod_name: name.to_string(),
@@ -226,7 +320,7 @@ async fn query(
     match call::<_, GetPodResourcesResponse>(&mut client, socket, proto::GET_PATH, get).await {
         Ok(resp) => {
             let pods: Vec<PodResources> = resp.pod_resources.into_iter().collect();
-            return Ok(merge_devices(&pods, ns, name));
+            return Ok(allocations(&pods, ns, name));
         }
         Err(status) if get_unusable(&status) => {
             tracing::debug!(
@@ -245,7 +339,7 @@ async fn query(
     )
     .await
     .map_err(|status| rpc_error(proto::LIST_PATH, status))?;
-    Ok(merge_devices(&list.pod_resources, ns, name))
+    Ok(allocations(&list.pod_resources, ns, name))
 }
 
 /// `Get` errors after which `List` is asked: not implemented (kubelet < 1.27), or a plain kubelet

@@ -24,6 +24,7 @@ fn pod(ns: &str, name: &str, containers: Vec<(&str, Vec<ContainerDevices>)>) -> 
                 name: c.to_string(),
                 devices,
                 cpu_ids: vec![],
+                dynamic_resources: vec![],
             })
             .collect(),
     }
