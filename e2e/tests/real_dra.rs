@@ -67,6 +67,10 @@ fn main() -> ExitCode {
     suite.case("dra_errors_are_clear_and_leave_nothing", || {
         dra_errors(&rig)
     });
+    suite.case(
+        "extended_resource_claim_with_a_mismatched_resource_name_is_refused",
+        || extended_mismatch(&rig),
+    );
     suite.case("dra_cluster_role_grants_exactly_what_plexus_calls", || {
         dra_rbac_exact(&rig)
     });
@@ -619,6 +623,55 @@ fn dra_errors(rig: &Rig<'_>) -> Result<()> {
         rig.delete("pod", &pod);
         rig.delete("resourceclaim", claim);
     }
+    Ok(())
+}
+
+/// A pod whose extended resource `intel.com/sriov_a` was satisfied through DRA
+/// (`status.extendedResourceClaimStatus`), but the device the claim got says it is of another
+/// resource: refused, naming both.
+fn extended_mismatch(rig: &Rig<'_>) -> Result<()> {
+    let before_pf = rig.pf_side();
+    rig.claim("pg-ext", &["vf-2"], true)?;
+    // The container asks for the extended resource; the scheduler satisfied it through DRA.
+    let pod = json!({"apiVersion":"v1","kind":"Pod",
+        "metadata":{"name":"pg-ext","namespace":"bank","annotations":{NETWORKS:"vf-a1"}},
+        "spec":{"nodeName":NODE,"automountServiceAccountToken":false,"containers":[{"name":"db","image":"pg",
+            "resources":{"requests":{RES_A:"1"},"limits":{RES_A:"1"}}}]}});
+    rig.cp.apply(&pod.to_string())?;
+    let uid = rig.cp.get_json("/api/v1/namespaces/bank/pods/pg-ext")?["metadata"]["uid"]
+        .as_str()
+        .context("uid")?
+        .to_string();
+    let st = json!({"status":{"extendedResourceClaimStatus":{"resourceClaimName":"pg-ext",
+        "requestMappings":[{"containerName":"db","resourceName":RES_A,"requestName":"vfs"}]}}});
+    rig.cp.kubectl(&[
+        "patch",
+        "pod",
+        "pg-ext",
+        "-n",
+        "bank",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &st.to_string(),
+    ])?;
+    let got = rig.cp.get_json("/api/v1/namespaces/bank/pods/pg-ext")?;
+    ensure!(
+        !got["status"]["extendedResourceClaimStatus"].is_null(),
+        "the apiserver dropped status.extendedResourceClaimStatus (DRAExtendedResource off?)"
+    );
+    let ns = Netns::new();
+    let r = rig.plexus("ADD", "pg-ext", &uid, &ns.path());
+    let e = r.err().clone();
+    let msg = format!("{} {}", e["msg"], e["details"]);
+    ensure!(
+        msg.contains("pod bank/pg-ext") && msg.contains(RES_A) && msg.contains(RES_B),
+        "{e}"
+    );
+    rig.plexus("DEL", "pg-ext", &uid, &ns.path()).ok();
+    rig.assert_clean(&before_pf, "extended")?;
+    rig.delete("pod", "pg-ext");
+    rig.delete("resourceclaim", "pg-ext");
     Ok(())
 }
 
