@@ -132,3 +132,27 @@ fn sha256(path: &Path) -> Result<String> {
         _ => bail!("sha256sum {}: {text}", path.display()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_plain_before_xz_and_nothing_in_an_empty_dir() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(find(d.path(), "kubelet").is_none());
+        std::fs::write(d.path().join("kubelet.xz"), b"x").unwrap();
+        assert_eq!(find(d.path(), "kubelet"), Some(d.path().join("kubelet.xz")));
+        std::fs::write(d.path().join("kubelet"), b"x").unwrap();
+        assert_eq!(find(d.path(), "kubelet"), Some(d.path().join("kubelet")));
+        assert!(skip_message().contains(BIN_ENV));
+    }
+
+    #[test]
+    fn a_plain_binary_is_used_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("kube-apiserver");
+        std::fs::write(&p, b"x").unwrap();
+        assert_eq!(usable(&p).unwrap(), p);
+    }
+}
