@@ -82,6 +82,9 @@ fn main() -> ExitCode {
     suite.case("installer_exits_on_sigterm_and_leaves_its_config", || {
         tier.stop_installer()
     });
+    suite.case("multus_thin_config_with_a_nameless_delegate", || {
+        tier.multus_thin_config()
+    });
     tier.node.stop();
     ensure_gone_after_stop(&tier);
     drop(tier);
@@ -99,7 +102,7 @@ struct Tier<'a> {
     bridges: Vec<String>,
     master: String,
     /// Every sandbox ID seen (for the libcni cache check).
-    sandboxes: Vec<String>,
+    sandboxes: std::cell::RefCell<Vec<String>>,
 }
 
 fn repo(p: &str) -> PathBuf {
@@ -154,7 +157,7 @@ impl<'a> Tier<'a> {
             primary_bridge,
             bridges,
             master,
-            sandboxes: Vec::new(),
+            sandboxes: Default::default(),
         })
     }
 
@@ -310,7 +313,7 @@ impl<'a> Tier<'a> {
             },
         )?;
         let (sb, netns) = self.pod_netns(NS, "probe")?;
-        self.sandboxes.push(sb);
+        self.sandboxes.borrow_mut().push(sb);
         delete_and_wait(
             &self.api,
             NS,
@@ -400,7 +403,12 @@ impl<'a> Tier<'a> {
         if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
-                if self.sandboxes.iter().any(|s| n.contains(s.as_str())) {
+                if self
+                    .sandboxes
+                    .borrow()
+                    .iter()
+                    .any(|s| n.contains(s.as_str()))
+                {
                     v.push(format!("libcni cache: {n}"));
                 }
             }
@@ -418,7 +426,7 @@ impl<'a> Tier<'a> {
 
     /// Create pods, wait Running, check each with `check`, delete, wait gone, check clean.
     fn run_pods(
-        &mut self,
+        &self,
         batch: &str,
         pods: &[(String, Option<Value>)],
         check: impl Fn(&str, &[Value], &str) -> Result<()>,
@@ -434,7 +442,7 @@ impl<'a> Tier<'a> {
             let (sb, ns) = self.pod_netns(NS, name)?;
             let pod = self.api.get_pod(NS, name)?.context("pod")?;
             check(name, &network_status(&pod)?, &ns).with_context(|| format!("pod {name}"))?;
-            self.sandboxes.push(sb);
+            self.sandboxes.borrow_mut().push(sb);
             netns.push(ns);
         }
         let names: Vec<String> = pods.iter().map(|(n, _)| n.clone()).collect();
@@ -585,7 +593,7 @@ impl<'a> Tier<'a> {
         let mut netns = Vec::new();
         for name in ["down-1", "down-3"] {
             let (sb, ns) = self.pod_netns(NS, name)?;
-            self.sandboxes.push(sb);
+            self.sandboxes.borrow_mut().push(sb);
             netns.push(ns);
         }
         for name in ["down-1", "down-3"] {
@@ -616,6 +624,108 @@ impl<'a> Tier<'a> {
             Ok(self.api.list_pods(NS, "down")?.is_empty())
         })?;
         self.wait_clean()
+    }
+
+    /// A Multus thin config as Multus' README shows it (a delegate with neither `name` nor
+    /// `cniVersion`), changed only in `"type"`, put in front of plexus' own config.
+    fn multus_thin_config(&mut self) -> Result<()> {
+        let log = self.node.path("multus-style.log");
+        let conf = json!({"cniVersion":"0.3.1","name":"multus-cni-network","type":"plexus",
+            "kubeconfig": self.node.conf_dir().join("plexus.d/plexus.kubeconfig"),
+            "cniDir": self.node.plexus_dir(), "logFile": log, "logLevel": "debug",
+            "delegates":[{"type":"bridge","bridge":self.primary_bridge,"isGateway":true,
+                "hairpinMode":true,"ipam":{"type":"host-local","subnet":"10.248.0.0/24",
+                "dataDir":self.node.ipam_dir()}}]});
+        let path = self.node.conf_dir().join("00-multus.conf");
+        // A new file written (not renamed) in: containerd sees the write and reloads.
+        std::fs::write(&path, serde_json::to_vec_pretty(&conf)?)?;
+        let res = self.multus_pods(&log);
+        // Back to plexus' config (containerd reloads on the remove).
+        std::fs::remove_file(&path)?;
+        res
+    }
+
+    fn multus_pods(&mut self, log: &Path) -> Result<()> {
+        // Until the runtime uses the new config (its log file appears), pods still get plexus'.
+        wait_for(
+            "containerd to load 00-multus.conf",
+            Duration::from_secs(30),
+            || {
+                if log.exists() {
+                    return Ok(true);
+                }
+                self.run_pods("mprobe", &[("mprobe".into(), None)], |_, _, _| Ok(()))?;
+                Ok(log.exists())
+            },
+        )?;
+        let pods = vec![
+            ("multus-0".to_string(), None),
+            ("multus-1".to_string(), Some(json!("br-a"))),
+        ];
+        let api = &self.api;
+        let seen = std::cell::RefCell::new(Vec::new());
+        self.run_pods("multus", &pods, |name, status, netns| {
+            println!("    {name}: network-status {}", json!(status));
+            let ifs = interfaces(netns)?;
+            let eth0 = ifs.get("eth0").context("no eth0 in the pod")?;
+            let default = status.first().context("empty network-status")?;
+            ensure!(default["default"] == true, "{default}");
+            ensure!(
+                default["name"].as_str().is_some_and(|n| !n.is_empty()),
+                "{default}"
+            );
+            // A delegate without cniVersion answers in CNI 0.2.0 (no interfaces): the entry may
+            // then lack interface and mac, but its IPs must be eth0's.
+            ensure!(
+                default["interface"].is_null() || default["interface"] == "eth0",
+                "{default}"
+            );
+            ensure!(
+                default["mac"].is_null() || default["mac"] == json!(eth0.mac),
+                "{default}"
+            );
+            ensure!(
+                default["ips"] == json!(eth0.ips),
+                "{default} vs eth0 {:?}",
+                eth0.ips
+            );
+            let pod = api.get_pod(NS, name)?.context("pod")?;
+            ensure!(
+                pod["status"]["podIP"] == json!(eth0.ips[0]),
+                "podIP {} vs eth0 {:?}",
+                pod["status"]["podIP"],
+                eth0.ips
+            );
+            let extra: Vec<&str> = ifs
+                .keys()
+                .map(String::as_str)
+                .filter(|i| *i != "lo" && *i != "eth0")
+                .collect();
+            if name == "multus-1" {
+                ensure!(extra == ["net1"], "{extra:?}");
+                ensure!(
+                    status.len() == 2
+                        && status[1]["name"] == "app/br-a"
+                        && status[1]["interface"] == "net1"
+                        && status[1]["ips"] == json!(ifs["net1"].ips),
+                    "{status:?}"
+                );
+            } else {
+                ensure!(
+                    extra.is_empty() && status.len() == 1,
+                    "{extra:?} {status:?}"
+                );
+            }
+            seen.borrow_mut().push(default.clone());
+            Ok(())
+        })?;
+        let seen = seen.into_inner();
+        if seen.iter().any(|d| d["interface"].is_null()) {
+            println!(
+                "    NOTE: the nameless, versionless delegate's network-status entry has no interface/mac (0.2.0 result)"
+            );
+        }
+        Ok(())
     }
 
     /// create→Running and delete→gone medians: 10 pods one after another, then 10 at once.
