@@ -27,7 +27,9 @@
 //! ```
 //!
 //! Processes run in their own process groups and are killed on drop (and by `SIGKILL` if the
-//! thread that started them dies): create the control plane on the main thread.
+//! thread that started them dies): create the control plane on the main thread. Its directory
+//! (certificates, `apiserver.log`, `audit.log`, kubeconfigs) is removed on drop unless
+//! `PLEXUS_K8S_KEEP` is set, for a look after a failure.
 
 pub mod audit;
 pub mod bins;
