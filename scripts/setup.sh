@@ -12,6 +12,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# kubectl is not in Debian's archive; the machines here carry it (or a configured Kubernetes apt
+# repository provides it). Without it the real-cluster tiers say so and skip.
+if ! command -v kubectl >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null 2>&1 ||
+    echo "setup: kubectl is not installable from the configured apt sources" >&2
+fi
 if ! command -v cargo >/dev/null 2>&1; then
   if [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"
