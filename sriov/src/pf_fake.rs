@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::pf::{LinkState, MacAddr, PfError, PfVfConfig, VfConfig, VlanProto};
 
+mod driver;
+pub use driver::{FakeDriver, IGB_LINK_MBPS};
+
 /// One recorded PF-side call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -127,6 +130,16 @@ pub struct FakePfState {
     /// Fail the next call of this operation (e.g. `"set_vf_trust"`) once, then clear it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_at: Option<String>,
+    /// The PF driver whose refusals are mirrored (`"generic"` or `"igb"`).
+    #[serde(default, skip_serializing_if = "is_generic")]
+    pub driver: FakeDriver,
+    /// The PF has no link (the `igb` model then refuses every rate change).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_carrier: bool,
+}
+
+fn is_generic(d: &FakeDriver) -> bool {
+    *d == FakeDriver::Generic
 }
 
 impl FakePfState {
@@ -174,6 +187,14 @@ impl FakePfState {
         let entry = table
             .get_mut(vf as usize)
             .ok_or_else(|| PfError::VfNotFound { pf: pf.clone(), vf })?;
+        if let Some(cause) = self.driver.refusal(&call, !self.no_carrier) {
+            return Err(PfError::Failed {
+                op,
+                pf,
+                vf,
+                cause: cause.into(),
+            });
+        }
         match call {
             Call::GetVf { .. } => return Ok(Some(entry.clone())),
             Call::SetVfVlan {

@@ -783,3 +783,32 @@ fn vf_returned_under_its_pod_name_is_renamed_back() {
     assert!(env.link(&env.host.name, "net1").is_none(), "renamed back");
     assert_restored(&env, 0, &before, &pf_before);
 }
+
+/// The fake PF's `igb` model (checked against the real driver by the VM tier): the settings
+/// igb refuses fail at their step with the kernel's errno and roll back everything before them.
+#[test]
+fn igb_model_refusals_roll_back_the_whole_add() {
+    let env = Env::new(1, 0);
+    let (pci, name) = vf(0);
+    let before = env.link(&env.host.name, &name).unwrap();
+    let pf_before = env.vf_config(0);
+    let mut st = env.pf_state();
+    st.driver = plexus_sriov::pf_fake::FakeDriver::Igb;
+    plexus_sriov::pf_fake::FilePf::create(&env.fake_pf(), &st).unwrap();
+    for (extra, step, errno) in [
+        (json!({"link_state": "enable"}), "set VF link state", "os error 95"),
+        (json!({"vlanProto": "802.1ad"}), "set VF vlan", "os error 93"),
+        (json!({"min_tx_rate": 10}), "set VF tx rate", "os error 22"),
+    ] {
+        let mut conf = bank_conf("1.0.0", &pci);
+        for (k, v) in extra.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
+        let (ok, err) = env.sriov("ADD", "c-igb", "net1", &env.pod.path(), &conf);
+        assert!(!ok, "{extra}: {err}");
+        let details = err["details"].as_str().unwrap_or_default();
+        assert!(details.contains(step) && details.contains(errno), "{details}");
+        assert_restored(&env, 0, &before, &pf_before);
+        assert!(env.link(&env.pod.name, "net1").is_none());
+    }
+}

@@ -95,7 +95,7 @@ struct PfUp<'a>(&'a crate::vf::Pf);
 
 impl Drop for PfUp<'_> {
     fn drop(&mut self) {
-        let _ = self.0.set_up(true);
+        let _ = self.0.set_up(true).and_then(|()| self.0.wait_rate_ready());
     }
 }
 
@@ -127,6 +127,7 @@ fn carrier_lost_after_add(t: &T<'_>) {
     let first = t.dir.sriov("DEL", "carrier-1", &pod.path(), &conf);
     let after_first = t.pf.snap(0);
     t.pf.set_up(true).expect("PF up");
+    t.pf.wait_rate_ready().expect("PF takes rate changes again");
     let second = t.dir.sriov("DEL", "carrier-1", &pod.path(), &conf);
     t.note(format!(
         "PF carrier lost after ADD: VF rate then {rate_down}; DEL without carrier: code {} {}; VF restored by it: {}; DEL after carrier is back: code {}",

@@ -19,6 +19,7 @@ mod common;
 
 mod cases;
 mod cases_fail;
+mod cases_fidelity;
 mod cases_plexus;
 mod guest;
 mod host;

@@ -101,6 +101,22 @@ impl Pf {
         .ok_or_else(|| format!("PF {} carrier did not become {want}", self.name))
     }
 
+    /// Waits until igb takes a VF rate change (it refuses them until it knows the link speed,
+    /// which lags the carrier after the PF comes up or its VFs are created). Probes by setting
+    /// VF 0's current maximum rate again, which changes nothing.
+    pub fn wait_rate_ready(&self) -> Result<(), String> {
+        let pf = self.name.clone();
+        wait_for(Duration::from_secs(20), || {
+            let max = self.vfinfo(0)["rate"]["max_tx"]
+                .as_u64()
+                .unwrap_or(0)
+                .to_string();
+            sh(&["ip", "link", "set", &pf, "vf", "0", "max_tx_rate", &max]).is_ok()
+        })
+        .map(drop)
+        .ok_or_else(|| format!("PF {pf} refuses VF rate changes 20 s after link-up"))
+    }
+
     /// Creates `n` VFs (after removing any) and waits until every one has its netdev.
     pub fn create_vfs(&self, n: u32) -> Result<(), String> {
         let numvfs = format!("{PCI}/{}/sriov_numvfs", self.pci);
