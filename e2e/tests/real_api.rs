@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{ensure, Context, Result};
+use common::raw_api::{answer, kube_client};
 use common::*;
 use plexus_e2e::realk8s::{bins_or_skip, metrics, ControlPlane, RequestCounts, RequestKey, Suite};
 use serde_json::{json, Value};
@@ -689,37 +690,6 @@ fn rbac_exact(node: &Node<'_>) -> Result<()> {
         "granted but never used by plexus: {excess:?}"
     );
     Ok(())
-}
-
-/// (HTTP code, reason, message) of one answer; `""` reason and message on success.
-type Answer = (u16, String, String);
-
-/// Send `method path body` through a kube client (the client plexus uses).
-async fn answer(c: &kube::Client, method: &str, path: &str, body: &Value) -> Answer {
-    let mut req = http::Request::builder().method(method).uri(path);
-    if method == "PATCH" {
-        req = req.header("content-type", "application/merge-patch+json");
-    } else {
-        req = req.header("content-type", "application/json");
-    }
-    let body = if body.is_null() {
-        Vec::new()
-    } else {
-        body.to_string().into_bytes()
-    };
-    match c.request_text(req.body(body).expect("request")).await {
-        Ok(_) => (200, String::new(), String::new()),
-        Err(kube::Error::Api(s)) => (s.code, s.reason.clone(), s.message.clone()),
-        Err(e) => (0, "client".into(), e.to_string()),
-    }
-}
-
-async fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await?;
-    Ok(kube::Client::try_from(cfg)?)
 }
 
 /// The requests plexus makes, and the failures it must recognise, sent to both the real

@@ -2,6 +2,8 @@
 //! running the real `plexus` binary with the CNI protocol, and reading kernel state with `ip -j`.
 #![allow(dead_code)]
 
+pub mod raw_api;
+
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
