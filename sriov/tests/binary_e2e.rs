@@ -796,8 +796,16 @@ fn igb_model_refusals_roll_back_the_whole_add() {
     st.driver = plexus_sriov::pf_fake::FakeDriver::Igb;
     plexus_sriov::pf_fake::FilePf::create(&env.fake_pf(), &st).unwrap();
     for (extra, step, errno) in [
-        (json!({"link_state": "enable"}), "set VF link state", "os error 95"),
-        (json!({"vlanProto": "802.1ad"}), "set VF vlan", "os error 93"),
+        (
+            json!({"link_state": "enable"}),
+            "set VF link state",
+            "os error 95",
+        ),
+        (
+            json!({"vlanProto": "802.1ad"}),
+            "set VF vlan",
+            "os error 93",
+        ),
         (json!({"min_tx_rate": 10}), "set VF tx rate", "os error 22"),
     ] {
         let mut conf = bank_conf("1.0.0", &pci);
@@ -807,7 +815,10 @@ fn igb_model_refusals_roll_back_the_whole_add() {
         let (ok, err) = env.sriov("ADD", "c-igb", "net1", &env.pod.path(), &conf);
         assert!(!ok, "{extra}: {err}");
         let details = err["details"].as_str().unwrap_or_default();
-        assert!(details.contains(step) && details.contains(errno), "{details}");
+        assert!(
+            details.contains(step) && details.contains(errno),
+            "{details}"
+        );
         assert_restored(&env, 0, &before, &pf_before);
         assert!(env.link(&env.pod.name, "net1").is_none());
     }
