@@ -88,6 +88,8 @@ pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, CniEr
 #[derive(Debug)]
 struct Finished {
     success: bool,
+    /// How it ended, for messages: `exit status 1`, `signal 11 (SIGSEGV)`…
+    status: String,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
 }
@@ -141,15 +143,31 @@ pub fn exec_plugin(
             preview(stdout)
         )
     } else if stderr.is_empty() {
-        "the plugin failed without printing an error".to_string()
+        format!(
+            "the plugin failed without printing an error ({})",
+            finished.status
+        )
     } else {
-        stderr
+        format!("{stderr} ({})", finished.status)
     };
     Err(CniError::new(
-        code::INTERNAL,
+        code::DELEGATE_FAILED,
         format!("{ctx}: plugin failed"),
         details,
     ))
+}
+
+/// An exit status in words: `exit status 2`, or `signal 11 (SIGSEGV)` for a crash.
+fn describe(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(s) => format!("killed by signal {sig} ({})", s.as_str()),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        (None, None) => "ended".to_string(),
+    }
 }
 
 fn trim(b: &[u8]) -> &[u8] {
@@ -294,6 +312,7 @@ fn run(
         .map_err(|e| CniError::new(code::INTERNAL, "failed to wait for plugin", e.to_string()))?;
     Ok(Finished {
         success: status.success(),
+        status: describe(&status),
         stdout,
         stderr,
     })
@@ -389,7 +408,7 @@ mod tests {
             "echo 'oops' >&2; echo 'not json'; exit 3",
         );
         let e = exec_plugin(&p, Verb::Del, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
-        assert_eq!(e.code, code::INTERNAL);
+        assert_eq!(e.code, code::DELEGATE_FAILED);
         assert!(e.details.contains("not json") && e.details.contains("oops"));
     }
 
@@ -437,8 +456,15 @@ mod tests {
             "echo 'netplugin exploded' >&2; exit 1",
         );
         let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
-        assert_eq!(e.code, code::INTERNAL);
-        assert_eq!(e.details, "netplugin exploded");
+        assert_eq!(e.code, code::DELEGATE_FAILED);
+        assert_eq!(e.details, "netplugin exploded (exit status 1)");
+        let p = script(t.path(), "crasher", "kill -SEGV $$");
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, code::DELEGATE_FAILED);
+        assert_eq!(
+            e.details,
+            "the plugin failed without printing an error (killed by signal 11 (SIGSEGV))"
+        );
     }
 
     #[test]

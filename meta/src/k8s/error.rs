@@ -13,8 +13,9 @@ use thiserror::Error;
 pub const CNI_INVALID_CONFIG: u32 = 7;
 /// CNI error code 11: try again later (API server unreachable or overloaded).
 pub const CNI_TRY_AGAIN_LATER: u32 = 11;
-/// Plugin-specific CNI error code for every other Kubernetes failure.
-pub const CNI_K8S_FAILURE: u32 = 999;
+/// Plugin-specific CNI error code 102 for every other Kubernetes failure (the API server refused:
+/// 403, 422, UID mismatch, undecodable answer), as docs/design.md lists it.
+pub const CNI_K8S_FAILURE: u32 = plexus_conf::error::code::KUBERNETES;
 
 /// An error from the Kubernetes API layer.
 ///
@@ -161,7 +162,7 @@ impl K8sError {
     /// The CNI error code to report for this error:
     /// [`CNI_TRY_AGAIN_LATER`] (11) for transient errors, [`CNI_INVALID_CONFIG`] (7) for
     /// kubeconfig / in-cluster / client-construction problems and HTTP 401 (bad credentials),
-    /// [`CNI_K8S_FAILURE`] (999) for everything else (403, UID mismatch, decode errors...).
+    /// [`CNI_K8S_FAILURE`] (102) for everything else (403, UID mismatch, decode errors...).
     pub fn cni_code(&self) -> u32 {
         match self {
             e if e.is_transient() => CNI_TRY_AGAIN_LATER,
