@@ -17,9 +17,10 @@ fi
 
 # cargo-fuzz builds with -Zsanitizer=address: a nightly toolchain, or, when rustup cannot fetch
 # one, the pinned stable with RUSTC_BOOTSTRAP=1 (unstable flags allowed on a stable compiler).
+# PLEXUS_FUZZ_NO_NIGHTLY=1 forces the fallback.
 toolchain=()
-if rustup run nightly rustc --version >/dev/null 2>&1 \
-  || rustup toolchain install nightly --profile minimal >/dev/null 2>&1; then
+if [ -z "${PLEXUS_FUZZ_NO_NIGHTLY:-}" ] && { rustup run nightly rustc --version >/dev/null 2>&1 \
+  || rustup toolchain install nightly --profile minimal >/dev/null 2>&1; }; then
   toolchain=(+nightly)
   echo "toolchain: $(rustup run nightly rustc --version)" >&2
 else
