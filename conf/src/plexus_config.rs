@@ -165,9 +165,45 @@ fn default_pod_timeout() -> u64 {
 }
 
 impl PlexusConfig {
+    /// A conflist file as the node holds it (`{"plugins": [{"type": "plexus", …}]}`, which
+    /// `plexus explain --config` is given) becomes the plugin config the runtime would pass: the
+    /// plexus (or multus) plugin with the list's `name` and `cniVersion`. Anything else is
+    /// returned as it is.
+    fn plugin_of_list(value: Value) -> Value {
+        let Value::Object(top) = &value else {
+            return value;
+        };
+        if top.contains_key("type") {
+            return value;
+        }
+        let plugin = top
+            .get("plugins")
+            .and_then(Value::as_array)
+            .and_then(|ps| {
+                ps.iter().find(|p| {
+                    matches!(
+                        p.get("type").and_then(Value::as_str),
+                        Some("plexus" | "multus")
+                    )
+                })
+            });
+        let Some(Value::Object(plugin)) = plugin else {
+            return value;
+        };
+        let mut out = plugin.clone();
+        for key in ["name", "cniVersion"] {
+            if let Some(v) = top.get(key) {
+                out.insert(key.into(), v.clone());
+            }
+        }
+        Value::Object(out)
+    }
+
     /// Parse and validate.
     pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
-        let c: PlexusConfig = serde_json::from_slice(bytes)
+        let value: Value = serde_json::from_slice(bytes)
+            .map_err(|e| CniError::decode("failed to parse plexus configuration", e.to_string()))?;
+        let c: PlexusConfig = serde_json::from_value(Self::plugin_of_list(value))
             .map_err(|e| CniError::decode("failed to parse plexus configuration", e.to_string()))?;
         if c.cluster_network.is_empty() && c.delegates.is_empty() {
             return Err(CniError::invalid_config(
@@ -261,5 +297,18 @@ mod tests {
         );
         let c = PlexusConfig::parse(br#"{"delegates":[{"name":"x"}]}"#).unwrap();
         assert!(c.delegate_lists().unwrap_err().msg.contains("delegates[0]"));
+    }
+
+    #[test]
+    fn a_node_conflist_reads_as_its_plexus_plugin() {
+        let list = br#"{"cniVersion":"1.0.0","name":"plexus-cni-network","plugins":[{"type":"plexus",
+            "clusterNetwork":"/etc/cni/net.d/10-flannel.conflist","logLevel":"warn"}]}"#;
+        let c = PlexusConfig::parse(list).unwrap();
+        assert_eq!(c.plugin_type, "plexus");
+        assert_eq!(c.cni_version, "1.0.0");
+        assert_eq!(c.name, "plexus-cni-network");
+        assert_eq!(c.cluster_network, "/etc/cni/net.d/10-flannel.conflist");
+        // A list without a plexus plugin is not a plexus config.
+        assert!(PlexusConfig::parse(br#"{"plugins":[{"type":"bridge"}]}"#).is_err());
     }
 }
