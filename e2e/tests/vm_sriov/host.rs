@@ -144,7 +144,17 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     // everywhere.
     let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
     let started = Instant::now();
-    let child = Command::new(&parts.qemu)
+    // QEMU dies with this process even when it is killed (no Drop then): util-linux's setpriv
+    // sets the parent-death signal.
+    let mut cmd = match which("setpriv") {
+        Some(sp) => {
+            let mut c = Command::new(sp);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(&parts.qemu);
+            c
+        }
+        None => Command::new(&parts.qemu),
+    };
+    let child = cmd
         .args([
             "-accel", &accel, "-machine", "q35", "-m", "1536", "-smp", "2",
         ])

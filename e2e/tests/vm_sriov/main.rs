@@ -26,7 +26,29 @@ mod host;
 mod vf;
 
 fn main() {
-    let in_vm = std::env::args().any(|a| a == "--in-vm");
-    let code = if in_vm { guest::main() } else { host::main() };
-    std::process::exit(code);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--in-vm") {
+        std::process::exit(guest::main());
+    }
+    // Behave like a libtest binary towards `cargo test -- --list` and name filters: the VM
+    // boots only when this tier is selected.
+    if args.iter().any(|a| a == "--list") {
+        println!("vm_sriov: test");
+        return;
+    }
+    let (mut filters, mut skips) = (Vec::new(), Vec::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--skip" => skips.extend(it.next()),
+            _ if a.starts_with('-') => {}
+            _ => filters.push(a),
+        }
+    }
+    let selected = filters.is_empty() || filters.iter().any(|f| "vm_sriov".contains(f.as_str()));
+    if !selected || skips.iter().any(|s| "vm_sriov".contains(s.as_str())) {
+        println!("vm_sriov: filtered out");
+        return;
+    }
+    std::process::exit(host::main());
 }
