@@ -5,6 +5,7 @@ use crate::plan::PlannedAttachment;
 use crate::routes::{self, RouteChange};
 use plexus_conf::args::CniArgs;
 use plexus_conf::error::{code, CniError};
+use plexus_conf::netconf::NetConfList;
 use plexus_conf::result::{is_default_dst, is_v6, CniResult, Route};
 use plexus_delegates::chain::combine;
 use plexus_delegates::netns::{link_exists, NetNs};
@@ -82,11 +83,19 @@ pub fn add_all(
         ),
         clean: true,
     })?;
+    // Each attachment's config and CNI_ARGS are parsed once, for its ADD and its rollback.
+    let prepared: Vec<(NetConfList, Attachment)> = plan
+        .iter()
+        .map(|a| Ok((a.list()?, attachment(container_id, netns, a)?)))
+        .collect::<Result<_, CniError>>()
+        .map_err(|e| AddFailure {
+            error: e.context(pod),
+            clean: true,
+        })?;
     let mut undo: Vec<usize> = Vec::new();
     let mut done = Vec::new();
-    for (i, a) in plan.iter().enumerate() {
+    for (i, (a, (list, att))) in plan.iter().zip(&prepared).enumerate() {
         let step = (|| -> Result<CniResult, CniError> {
-            let list = a.list()?;
             let exists = ns
                 .run(|| link_exists(&a.ifname))
                 .map_err(|e| CniError::internal("enter netns", e.to_string()))?;
@@ -97,9 +106,8 @@ pub fn add_all(
                 ));
             }
             undo.push(i);
-            let att = attachment(container_id, netns, a)?;
-            let mut result = rt.add(&list, &att)?;
-            apply_routes(rt, a, &list.name, &att, netns, &mut result)?;
+            let mut result = rt.add(list, att)?;
+            apply_routes(rt, a, &list.name, att, netns, &mut result)?;
             Ok(result)
         })();
         match step {
@@ -110,12 +118,10 @@ pub fn add_all(
                     .iter()
                     .rev()
                     .filter_map(|&j| {
-                        let b = &plan[j];
-                        let res = b.list().and_then(|l| {
-                            attachment(container_id, netns, b).and_then(|att| rt.del(&l, &att))
-                        });
-                        res.err()
-                            .map(|e| e.context(format!("rollback of {}", ctx(pod, b))))
+                        let (l, att) = &prepared[j];
+                        rt.del(l, att)
+                            .err()
+                            .map(|e| e.context(format!("rollback of {}", ctx(pod, &plan[j]))))
                     })
                     .collect();
                 if rollback.is_empty() {

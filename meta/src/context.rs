@@ -1,5 +1,6 @@
-//! Per-call context: the parsed plexus config, the delegate runtime, the plan store, and the
-//! Kubernetes client (built lazily, only when a verb needs the API).
+//! Per-call context: the parsed plexus config, the delegate runtime, the plan store, the
+//! Kubernetes client (built lazily, only when a verb needs the API; handed in by the daemon)
+//! and where async work runs (a runtime of the call's own, or the daemon's shared one).
 
 use crate::k8s::{ClientOptions, InClusterEnv, KubeClient, RetryPolicy};
 use crate::state::PlanStore;
@@ -32,18 +33,38 @@ pub struct Ctx {
     pub store: PlanStore,
     /// API source.
     pub api: ApiSource,
-    tokio: Option<tokio::runtime::Runtime>,
+    exec: Exec,
+    /// The client once built (or handed in): `Some(None)` means static mode.
+    client: Option<Option<KubeClient>>,
+}
+
+/// Where async work runs.
+enum Exec {
+    /// A single-threaded runtime of this call's own, started on first use (thin mode).
+    Own(Option<tokio::runtime::Runtime>),
+    /// The daemon's runtime: futures are driven from a worker thread through its handle, and
+    /// follow-up work (retries, events) can outlive the call.
+    Shared(tokio::runtime::Handle),
 }
 
 impl Ctx {
     /// Build from the call. `in_cluster` is the process's in-cluster env, if any.
     pub fn new(args: &CmdArgs, in_cluster: Option<InClusterEnv>) -> Result<Self, CniError> {
         let config = PlexusConfig::parse(&args.stdin)?;
+        Ok(Self::from_config(config, &args.path, in_cluster))
+    }
+
+    /// Build from a parsed config and `CNI_PATH` (`plexus explain` has no CNI call).
+    pub fn from_config(
+        config: PlexusConfig,
+        cni_path: &[PathBuf],
+        in_cluster: Option<InClusterEnv>,
+    ) -> Self {
         let mut search_path = Vec::new();
         if !config.bin_dir.is_empty() {
             search_path.push(PathBuf::from(&config.bin_dir));
         }
-        search_path.extend(args.path.iter().cloned());
+        search_path.extend(cni_path.iter().cloned());
         let cni_dir = PathBuf::from(&config.cni_dir);
         let runtime = Runtime {
             search_path,
@@ -57,13 +78,56 @@ impl Ctx {
         } else {
             ApiSource::None
         };
-        Ok(Ctx {
+        Ctx {
             store: PlanStore::new(&cni_dir),
             config,
             runtime,
             api,
-            tokio: None,
-        })
+            exec: Exec::Own(None),
+            client: None,
+        }
+    }
+
+    /// Run async work on the daemon's runtime and use its long-lived client (`None`: static
+    /// mode) instead of building one per call.
+    pub fn with_shared(
+        mut self,
+        handle: tokio::runtime::Handle,
+        client: Option<KubeClient>,
+    ) -> Self {
+        self.exec = Exec::Shared(handle);
+        self.client = Some(client);
+        self
+    }
+
+    /// Run `f` in the background when this call runs inside the daemon (it may outlive the
+    /// call); `false` (nothing spawned) in thin mode, where the process ends with the call.
+    pub fn spawn_detached<F>(&self, f: F) -> bool
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match &self.exec {
+            Exec::Shared(h) => {
+                h.spawn(f);
+                true
+            }
+            Exec::Own(_) => false,
+        }
+    }
+
+    /// Run `f` now (thin mode) or in the background on the daemon's runtime.
+    pub fn run_or_spawn<F>(&mut self, f: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        match &self.exec {
+            Exec::Shared(h) => {
+                h.spawn(f);
+            }
+            Exec::Own(_) => {
+                let _ = self.block_on(f);
+            }
+        }
     }
 
     /// True when an API server is configured.
@@ -73,20 +137,34 @@ impl Ctx {
 
     /// Run a future on this call's single-threaded runtime.
     pub fn block_on<F: std::future::Future>(&mut self, f: F) -> Result<F::Output, CniError> {
-        if self.tokio.is_none() {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| {
-                    CniError::internal("failed to start the async runtime", e.to_string())
-                })?;
-            self.tokio = Some(rt);
+        match &mut self.exec {
+            Exec::Shared(h) => Ok(h.block_on(f)),
+            Exec::Own(rt) => {
+                if rt.is_none() {
+                    let built = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| {
+                            CniError::internal("failed to start the async runtime", e.to_string())
+                        })?;
+                    *rt = Some(built);
+                }
+                Ok(rt.as_ref().expect("runtime just set").block_on(f))
+            }
         }
-        Ok(self.tokio.as_ref().expect("runtime just set").block_on(f))
     }
 
-    /// Build the Kubernetes client (`None` in static mode).
+    /// The Kubernetes client (`None` in static mode), built on first use.
     pub fn client(&mut self) -> Result<Option<KubeClient>, CniError> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let built = self.build_client()?;
+        self.client = Some(built.clone());
+        Ok(built)
+    }
+
+    fn build_client(&mut self) -> Result<Option<KubeClient>, CniError> {
         let opts = ClientOptions {
             retry: RetryPolicy {
                 total: Duration::from_millis(self.config.pod_timeout_ms),

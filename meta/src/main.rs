@@ -3,7 +3,7 @@
 
 use plexus_delegates::skel;
 use plexus_meta::k8s::InClusterEnv;
-use plexus_meta::{explain, plugin::Plexus};
+use plexus_meta::{plugin::Plexus, verbs::explain};
 
 fn usage() -> String {
     format!(

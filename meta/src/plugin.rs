@@ -1,8 +1,9 @@
 //! `plexus` as a CNI plugin: the skel's verbs wired to ADD, DEL, CHECK, STATUS and GC.
 
 use crate::context::Ctx;
+use crate::inputs::api::ApiInputs;
 use crate::k8s::InClusterEnv;
-use crate::{add, del, verbs};
+use crate::verbs::{add, check as verbs, del};
 use plexus_conf::error::CniError;
 use plexus_delegates::logging::{self, LogOptions};
 use plexus_delegates::skel::{AddOutput, CmdArgs, Plugin};
@@ -44,14 +45,14 @@ impl Plugin for Plexus {
     fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
         let mut ctx = self.ctx(&args)?;
         let started = std::time::Instant::now();
-        let out = add::add(&mut ctx, &args);
+        let out = add::add(&mut ctx, &mut ApiInputs, &args);
         tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "ADD done");
         out
     }
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
         let mut ctx = self.ctx(&args)?;
-        del::del(&mut ctx, &args)
+        del::del(&mut ctx, &mut ApiInputs, &args)
     }
 
     fn check(&self, args: CmdArgs) -> Result<(), CniError> {

@@ -53,6 +53,21 @@ pub struct PodInfo {
     pub claims: Option<PodClaims>,
 }
 
+impl PodInfo {
+    /// What plexus keeps of a pod object read for `id` (the object's UID wins over the
+    /// runtime's, which may be empty).
+    pub fn from_pod(pod: &k8s_openapi::api::core::v1::Pod, id: &PodIdentity) -> PodInfo {
+        PodInfo {
+            id: PodIdentity {
+                uid: pod.metadata.uid.clone().unwrap_or_else(|| id.uid.clone()),
+                ..id.clone()
+            },
+            annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+            claims: Some(PodClaims::from_pod(pod)),
+        }
+    }
+}
+
 /// The DRA side of a pod: which ResourceClaims hold its devices, on which node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodClaims {

@@ -86,7 +86,7 @@ pub fn allocated(
     };
     let claims = match &pod.claims {
         Some(c) => c.clone(),
-        None => crate::add::fetch_pod(ctx, Some(client), Some(&pod.id))?
+        None => crate::inputs::api::fetch_pod(ctx, Some(client), Some(&pod.id))?
             .and_then(|p| p.claims)
             .unwrap_or_default(),
     };

@@ -1,7 +1,16 @@
-//! The attachment plan: which networks a pod gets, on which interfaces, with which exact
-//! delegate configs, capability args and `CNI_ARGS`. Built by a pure function from the config,
-//! the pod and the resolved networks, so ADD, DEL (from the saved plan) and `plexus explain`
-//! share it.
+//! Stage 2 of every verb: the attachment plan — which networks a pod gets, on which
+//! interfaces, with which exact delegate configs, capability args and `CNI_ARGS`. Built with
+//! no I/O (beyond config files the config names) from the config and what the inputs stage
+//! read ([`crate::inputs::Read`]), so ADD, DEL (from the saved plan) and `plexus explain` share
+//! it:
+//!
+//! - [`requests`]: what the pod asks for (annotations, `clusterNetwork`, `defaultNetworks`,
+//!   isolation) and which NADs that needs;
+//! - [`resolve`]: network references → configs (NADs, files, `confDir`);
+//! - [`build`]: the attachments, interface names, injected args, devices, default routes.
+
+pub mod requests;
+pub mod resolve;
 
 use crate::pod::PodInfo;
 use plexus_conf::args::CniArgs;
@@ -67,6 +76,33 @@ impl PlannedAttachment {
         NetConfList::from_value(self.config.clone())
             .map_err(|e| e.context(format!("network {}", self.network)))
     }
+}
+
+/// The plan for what the inputs stage read: networks resolved and built, each attachment with
+/// a device tied to its DRA identity and its device-info file.
+pub fn for_pod(
+    config: &plexus_conf::plexus_config::PlexusConfig,
+    ifname: &str,
+    cni_args: &CniArgs,
+    container_id: &str,
+    read: &crate::inputs::Read,
+) -> Result<Vec<PlannedAttachment>, CniError> {
+    let mut plan = requests::make_plan(
+        config,
+        ifname,
+        cni_args,
+        read.pod.as_ref(),
+        &read.requests,
+        &read.nads,
+        read.devices.as_ref(),
+    )?;
+    crate::devices::annotate(
+        &mut plan,
+        &read.dra,
+        std::path::Path::new(&config.device_info_dir),
+        container_id,
+    );
+    Ok(plan)
 }
 
 /// Inputs to the planner.

@@ -2,9 +2,10 @@
 //! override, `defaultNetworks`, isolation), which NADs must be fetched, and the final plan once
 //! they are. No I/O except reading config files named by the config.
 
-use crate::plan::{self, PlanInput, PlannedAttachment, ResolvedNetwork};
+use super::resolve::{self, NadData, NetRef};
+use super::{PlanInput, PlannedAttachment, ResolvedNetwork};
+use crate::plan;
 use crate::pod::PodInfo;
-use crate::resolve::{self, NadData, NetRef};
 use plexus_conf::args::CniArgs;
 use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::nad::find_by_name;

@@ -1,9 +1,9 @@
-//! CHECK, STATUS and GC.
+//! CHECK, STATUS and GC: from the saved plans and the static config, no inputs stage.
 
 use crate::attach;
 use crate::context::Ctx;
-use crate::planner;
-use crate::resolve::{self, NetRef};
+use crate::plan::requests as planner;
+use crate::plan::resolve::{self, NetRef};
 use plexus_conf::error::{code, CniError};
 use plexus_conf::netconf::NetConfList;
 use plexus_delegates::chain::combine;

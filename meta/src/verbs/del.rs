@@ -1,4 +1,5 @@
-//! DEL: undo everything from the plan saved at ADD, with no API request. Without a usable plan
+//! DEL: undo everything from the plan saved at ADD, with no API request (the inputs stage is
+//! skipped; the report stage only releases DRA claims' network data). Without a usable plan
 //! the networks are taken from the delegates' result cache (each entry holds the exact config
 //! its network was added with) and from a plan rebuilt from the API when reachable, else from
 //! the static config; cleanup still runs. Repeated DELs succeed at once.
@@ -11,11 +12,11 @@
 //! A state directory that cannot be written never stops the cleanup: DEL reads the plan and
 //! runs the delegates without its lock, then reports the I/O failure (code 5).
 
-use crate::add::{fetch_nads, fetch_pod};
 use crate::attach;
 use crate::context::Ctx;
+use crate::inputs::Inputs;
+use crate::plan::requests as planner;
 use crate::plan::PlannedAttachment;
-use crate::planner;
 use crate::pod::PodIdentity;
 use crate::state::SavedPlan;
 use plexus_conf::args::CniArgs;
@@ -44,7 +45,7 @@ fn pick_netns(given: &str, recorded: &str) -> String {
 }
 
 /// Run DEL.
-pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
+pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(), CniError> {
     let cni_args = CniArgs::parse(&args.args).unwrap_or_default();
     let id = PodIdentity::from_args(&cni_args);
     let label = id
@@ -95,10 +96,11 @@ pub fn del(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
                 .as_ref()
                 .map(|c| c.list_container(&args.container_id))
                 .unwrap_or_default();
-            let rebuilt = rebuild(ctx, args, &cni_args, id.as_ref(), &label).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot rebuild the attachment plan");
-                Vec::new()
-            });
+            let rebuilt = rebuild(ctx, inputs, args, &cni_args, id.as_ref(), &label)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "cannot rebuild the attachment plan");
+                    Vec::new()
+                });
             let attachments = merge(&args.ifname, &cached, rebuilt);
             let recorded = cached
                 .iter()
@@ -252,24 +254,25 @@ fn from_cache(c: &CachedAttachment) -> Option<PlannedAttachment> {
 /// them either.
 fn rebuild(
     ctx: &mut Ctx,
+    inputs: &mut dyn Inputs,
     args: &CmdArgs,
     cni_args: &CniArgs,
     id: Option<&PodIdentity>,
     label: &str,
 ) -> Result<Vec<PlannedAttachment>, CniError> {
     tracing::info!(container = %args.container_id, "no saved plan: rebuilding it for DEL");
-    let client = if id.is_some() {
-        ctx.client().ok().flatten()
-    } else {
-        None
-    };
-    let pod = fetch_pod(ctx, client.as_ref(), id).ok().flatten();
+    let pod = id.and_then(|id| inputs.pod(ctx, id).ok().flatten());
     let requests = planner::requests(&ctx.config, pod.as_ref()).unwrap_or_default();
     let refs = planner::nad_refs(
         &requests,
         pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
     );
-    let nads = fetch_nads(ctx, client.as_ref(), &refs, label).unwrap_or_default();
+    // Without a pod identity there is no API to ask (as at ADD).
+    let nads = if refs.is_empty() || id.is_none() {
+        planner::NadMap::new()
+    } else {
+        inputs.nads(ctx, &refs, label).unwrap_or_default()
+    };
     let plan = match planner::make_plan(
         &ctx.config,
         &args.ifname,

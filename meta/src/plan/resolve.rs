@@ -19,6 +19,16 @@ pub struct NadData {
     pub resource_name: Option<String>,
 }
 
+impl NadData {
+    /// What plexus keeps of a NAD object.
+    pub fn from_nad(n: &crate::k8s::Nad) -> NadData {
+        NadData {
+            config: n.config().unwrap_or_default().to_string(),
+            resource_name: n.resource_name().map(str::to_string),
+        }
+    }
+}
+
 /// What a `clusterNetwork`/`defaultNetworks` value refers to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetRef {

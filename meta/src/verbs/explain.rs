@@ -2,16 +2,19 @@
 //! attachment plan ADD would run (interface, network, exact delegate config) or the exact CNI
 //! error ADD would return. Manifests are JSON (`kubectl get -o json`); a `List` is accepted.
 
-use crate::devices::dra::{self, DraDevice};
-use crate::planner::{self, NadMap};
+use crate::context::Ctx;
+use crate::inputs::files::{meta_str, FileInputs};
+use crate::inputs::{self, Inputs};
+use crate::plan::requests::NadMap;
+use crate::plan::resolve::NadData;
 use crate::pod::{PodIdentity, PodInfo};
-use crate::resolve::NadData;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use plexus_conf::args::CniArgs;
 use plexus_conf::error::CniError;
 use plexus_conf::plexus_config::PlexusConfig;
 use plexus_conf::version;
 use serde_json::{json, Value};
+
+pub use crate::inputs::files::DeviceInputs;
 
 const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname eth0]
                       [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...
@@ -19,68 +22,6 @@ const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--nad FILE]
   Files are JSON manifests (kubectl get -o json); a List of objects is accepted for --nad,
   --claims and --slices. --device gives a device-plugin allocation (the kubelet's); --claims
   and --slices give the DRA objects behind the pod's status.resourceClaimStatuses.";
-
-/// Allocated devices given on the command line: device-plugin allocations and DRA objects.
-#[derive(Debug, Clone, Default)]
-pub struct DeviceInputs {
-    /// `(resource name, device ID)` pairs, as the kubelet's device plugins allocated them.
-    pub allocated: Vec<(String, String)>,
-    /// ResourceClaim manifests.
-    pub claims: Vec<Value>,
-    /// ResourceSlice manifests.
-    pub slices: Vec<Value>,
-}
-
-impl DeviceInputs {
-    /// The devices per resource and the DRA devices, for `pod`'s claims.
-    fn resolve(
-        &self,
-        pod: &PodInfo,
-        label: &str,
-    ) -> Result<(crate::plan::DeviceMap, Vec<DraDevice>), CniError> {
-        let mut map = crate::plan::DeviceMap::new();
-        for (res, id) in &self.allocated {
-            map.entry(res.clone()).or_default().push(id.clone());
-        }
-        let mut found = Vec::new();
-        if let Some(pc) = pod.claims.as_ref().filter(|c| !c.is_empty()) {
-            let parse = |what: &str, v: &Value| {
-                CniError::decode(format!("{what} is not a valid manifest"), v.to_string())
-            };
-            let claims: Vec<ResourceClaim> = self
-                .claims
-                .iter()
-                .filter(|c| {
-                    let n = meta_str(c, "name");
-                    pc.claims.contains(&n)
-                        || pc.extended.as_ref().is_some_and(|e| e.claim_name == n)
-                })
-                .map(|c| serde_json::from_value(c.clone()).map_err(|_| parse("a claim", c)))
-                .collect::<Result<_, _>>()?;
-            let slices: Vec<ResourceSlice> = self
-                .slices
-                .iter()
-                .map(|c| serde_json::from_value(c.clone()).map_err(|_| parse("a slice", c)))
-                .collect::<Result<_, _>>()?;
-            found = dra::resolve(
-                &pod.id.namespace,
-                &pc.node_name,
-                &claims,
-                pc.extended.as_ref(),
-                &slices,
-                label,
-            )?;
-        }
-        for (res, ids) in dra::device_map(&found) {
-            map.entry(res).or_default().extend(ids);
-        }
-        for ids in map.values_mut() {
-            ids.sort();
-            ids.dedup();
-        }
-        Ok((map, found))
-    }
-}
 
 fn read_json(path: &str) -> Result<Value, CniError> {
     let bytes = std::fs::read(path)
@@ -94,14 +35,6 @@ fn objects(v: Value) -> Vec<Value> {
         Some(items) => items.clone(),
         None => vec![v],
     }
-}
-
-fn meta_str(v: &Value, key: &str) -> String {
-    v.get("metadata")
-        .and_then(|m| m.get(key))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string()
 }
 
 /// Compute the plan (or error) as JSON.
@@ -167,36 +100,26 @@ pub fn explain(
             }),
         );
     }
-    let requests = planner::requests(&cfg, Some(&info))?;
     let args = CniArgs::parse(&format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
         info.id.namespace, info.id.name
     ))?;
-    let wanted = map.values().flatten().any(|n| n.resource_name.is_some());
-    let (device_map, found) = if wanted {
-        let (m, f) = devices.resolve(&info, &format!("pod {}", info.id.key()))?;
-        (Some(m), f)
-    } else {
-        (None, Vec::new())
+    let label = format!("pod {}", info.id.key());
+    let id = info.id.clone();
+    let mut files = FileInputs {
+        pod: Some(info),
+        nads: map,
+        devices: devices.clone(),
     };
-    let mut plan = planner::make_plan(
-        &cfg,
-        ifname,
-        &args,
-        Some(&info),
-        &requests,
-        &map,
-        device_map.as_ref(),
-    )?;
-    crate::devices::annotate(
-        &mut plan,
-        &found,
-        std::path::Path::new(&cfg.device_info_dir),
-        "<containerID>",
-    );
+    let mut ctx = Ctx::from_config(cfg, &[], None);
+    // The same stages as ADD: read (here from the manifests) → plan.
+    let pod = files.pod(&mut ctx, &id)?;
+    let read = inputs::read(&mut ctx, &mut files, pod, &label)?;
+    let plan = crate::plan::for_pod(&ctx.config, ifname, &args, "<containerID>", &read)?;
+    let cfg = &ctx.config;
     let rt_path: Vec<String> = vec![cfg.bin_dir.clone()];
     Ok(json!({
-        "pod": info.id.key(),
+        "pod": id.key(),
         "binDir": rt_path,
         "attachments": plan.iter().map(|a| {
             let list = a.list().ok();

@@ -1,0 +1,152 @@
+//! Stage 4 of ADD and DEL: tell Kubernetes what happened — the pod's
+//! `k8s.v1.cni.cncf.io/network-status` (one merge PATCH), one summary event, and the DRA
+//! claims' `networkData` ([`crate::devices::claims`]).
+//!
+//! Thin mode does all of it inside the call. In daemon mode events are posted in the
+//! background (they never delay the runtime), and a transient failure of the status PATCH is
+//! retried in the background instead of undoing the attachments ([`spawn_status_retry`]).
+
+use crate::attach::Attached;
+use crate::context::Ctx;
+use crate::k8s::{EventType, K8sError, KubeClient, PodRef};
+use crate::plan::PlannedAttachment;
+use crate::pod::PodInfo;
+use plexus_conf::k8s::network_status::{statuses_from_result, to_annotation, NetworkStatus};
+use std::time::Duration;
+
+/// How long the daemon keeps retrying a network-status PATCH that failed transiently.
+pub const STATUS_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// One line per attachment: `net1 [10.1.1.5/24] from db/mv`.
+pub fn summary(plan: &[PlannedAttachment], done: &[Attached]) -> String {
+    done.iter()
+        .map(|d| {
+            let a = &plan[d.index];
+            let ips: Vec<&str> = d.result.ips.iter().map(|i| i.address.as_str()).collect();
+            format!("{} [{}] from {}", a.ifname, ips.join(","), a.network)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The network-status entries for a finished ADD.
+pub fn network_status(plan: &[PlannedAttachment], done: &[Attached]) -> Vec<NetworkStatus> {
+    done.iter()
+        .flat_map(|d| {
+            let a = &plan[d.index];
+            let info = device_info(a);
+            statuses_from_result(&a.network, &d.result, a.is_default, info.as_ref())
+        })
+        .collect()
+}
+
+/// NPWG device-info for an attachment that uses a device: its device-info file as the
+/// delegate left it, else a `pci` document for the PCI address in its config (the NAD's, or
+/// the allocated device). DPDK applications read their VF's address from it.
+pub fn device_info(a: &PlannedAttachment) -> Option<serde_json::Value> {
+    crate::devices::devinfo::read(a)
+}
+
+/// Post one event about `pod` (unless events are off). Failures are logged, never returned.
+pub fn event(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    pod: Option<&PodInfo>,
+    t: EventType,
+    reason: &str,
+    msg: &str,
+) {
+    if !ctx.config.events {
+        return;
+    }
+    let (Some(client), Some(p)) = (client, pod) else {
+        return;
+    };
+    let r = PodRef {
+        ns: p.id.namespace.clone(),
+        name: p.id.name.clone(),
+        uid: p.id.uid.clone(),
+    };
+    let (client, reason, msg) = (client.clone(), reason.to_string(), msg.to_string());
+    let fut = async move {
+        if let Err(e) = client.post_event(&r, t, &reason, &msg).await {
+            tracing::warn!(pod = %format!("{}/{}", r.ns, r.name), error = %e, "event not posted");
+        }
+    };
+    // The daemon posts in the background; a thin call waits (its process ends with it).
+    ctx.run_or_spawn(fut);
+}
+
+/// Why the network-status could not be written (the attachments themselves are fine).
+#[derive(Debug)]
+pub struct StatusFailure(pub K8sError);
+
+/// After a successful attach: write network-status, the claims' network data and the
+/// summary event. `Err` only when the status could not be written and will not be retried:
+/// the caller then undoes the attachments, so a pod never looks single-homed for good.
+pub fn added(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    pod: Option<&PodInfo>,
+    plan: &[PlannedAttachment],
+    done: &[Attached],
+) -> Result<(), StatusFailure> {
+    if let (Some(client), Some(p)) = (client, pod) {
+        let status = to_annotation(&network_status(plan, done));
+        let res = ctx
+            .block_on(client.set_network_status(&p.id.namespace, &p.id.name, &p.id.uid, &status))
+            .unwrap_or_else(|e| Err(K8sError::Client(e.to_string())));
+        match res {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() || matches!(e, K8sError::PodReplaced { .. }) => {
+                tracing::warn!(pod = %p.id.key(), error = %e, "network-status not written: the pod is gone");
+            }
+            Err(e) if e.is_transient() && spawn_status_retry(ctx, client, p, status.clone()) => {
+                tracing::warn!(pod = %p.id.key(), error = %e, "network-status not written yet: retrying in the background");
+            }
+            Err(e) => return Err(StatusFailure(e)),
+        }
+    }
+    if let Some(client) = client {
+        crate::devices::claims::write_network_data(ctx, client, plan, done);
+    }
+    event(
+        ctx,
+        client,
+        pod,
+        EventType::Normal,
+        "AddedInterface",
+        &format!("Added {}", summary(plan, done)),
+    );
+    Ok(())
+}
+
+/// Daemon mode: keep PATCHing the network-status in the background (backoff 0.5 s → 30 s,
+/// for [`STATUS_RETRY_FOR`]) until it is written or the pod is gone. `false` in thin mode.
+pub fn spawn_status_retry(ctx: &Ctx, client: &KubeClient, pod: &PodInfo, status: String) -> bool {
+    let client = client.clone();
+    let id = pod.id.clone();
+    ctx.spawn_detached(async move {
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(500);
+        loop {
+            tokio::time::sleep(wait).await;
+            match client
+                .set_network_status(&id.namespace, &id.name, &id.uid, &status)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(pod = %id.key(), "network-status written after a retry");
+                    return;
+                }
+                Err(e) if e.is_not_found() || matches!(e, K8sError::PodReplaced { .. }) => return,
+                Err(e) if started.elapsed() > STATUS_RETRY_FOR => {
+                    tracing::error!(pod = %id.key(), error = %e, "network-status never written: giving up");
+                    return;
+                }
+                Err(e) => tracing::debug!(pod = %id.key(), error = %e, "network-status retry failed"),
+            }
+            wait = (wait * 2).min(Duration::from_secs(30));
+        }
+    })
+}
