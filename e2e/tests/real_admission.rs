@@ -44,6 +44,9 @@ fn main() -> ExitCode {
     suite.case("direct_writes_are_checked_per_node_and_per_token", || {
         direct_writes(&rig)
     });
+    suite.case("manifests_in_the_docs_and_examples_are_accepted", || {
+        doc_manifests(&rig)
+    });
     drop(rig);
     suite.finish()
 }
@@ -274,4 +277,36 @@ fn direct_writes(rig: &Rig<'_>) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// Every YAML manifest in the user docs and in `deploy/examples/` is valid for the real API
+/// server (server-side dry run: schema, CRD validation, admission), with this tier's CRD.
+fn doc_manifests(rig: &Rig<'_>) -> Result<()> {
+    let mut manifests: Vec<(String, String)> = Vec::new();
+    for doc in user_documents() {
+        let text = std::fs::read_to_string(&doc)?;
+        for (line, block) in markdown_blocks(&text, "yaml") {
+            manifests.push((format!("{}:{line}", doc.display()), block));
+        }
+    }
+    for entry in std::fs::read_dir(repo("deploy/examples"))? {
+        let path = entry?.path();
+        manifests.push((path.display().to_string(), std::fs::read_to_string(&path)?));
+    }
+    ensure!(
+        manifests.len() >= 5,
+        "only {} manifests found",
+        manifests.len()
+    );
+    // No controller-manager here: the examples' namespace needs its default ServiceAccount.
+    rig.cp.apply(
+        &json!({"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default","namespace":"default"}})
+            .to_string(),
+    )?;
+    for (what, yaml) in &manifests {
+        rig.cp
+            .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(yaml))
+            .with_context(|| format!("{what} is refused"))?;
+    }
+    Ok(())
 }

@@ -287,3 +287,38 @@ pub fn with_read_only_dir(script_dir: &Path, binary: &Path, ro_dir: &Path) -> Pa
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
 }
+
+/// The user-facing documents: `README.md` and `docs/*.md`, sorted.
+pub fn user_documents() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    docs.insert(0, root.join("README.md"));
+    docs
+}
+
+/// The fenced blocks of `lang` in a markdown text, with their first line number.
+pub fn markdown_blocks(text: &str, lang: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut cur: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        match &mut cur {
+            None if t.starts_with("```") && t[3..].trim() == lang => {
+                cur = Some((i + 2, String::new()))
+            }
+            Some(_) if t.starts_with("```") => out.extend(cur.take()),
+            Some((_, body)) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    out
+}
