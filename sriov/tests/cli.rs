@@ -1,7 +1,8 @@
 //! The `sriov` command line: a mistyped command or flag prints the usage on stderr and exits 2;
 //! `--help` and `version` succeed.
 
-use std::process::{Command, Output};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 
 fn sriov(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sriov"))
@@ -46,5 +47,31 @@ fn help_and_version_succeed() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         format!("sriov {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn an_oversized_config_on_stdin_is_refused_with_its_size() {
+    let max = plexus_conf::limits::MAX_STDIN_CONFIG_BYTES;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sriov"))
+        .env("CNI_COMMAND", "ADD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run sriov");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&vec![b' '; max + 100]);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a CNI error");
+    assert_eq!(v["code"], 6);
+    assert_eq!(v["msg"], "network configuration on stdin is too large");
+    assert_eq!(
+        v["details"],
+        format!("{} bytes, the limit is {max} bytes", max + 100)
     );
 }
