@@ -22,6 +22,10 @@ pub const CASES: &[Case] = &[
         "pf_loses_carrier_between_add_and_del",
         carrier_lost_after_add,
     ),
+    (
+        "vf_driver_unbound_while_attached",
+        driver_unbound_while_attached,
+    ),
 ];
 
 /// Runs an ADD that must fail at `step` with `cause` in the message, then checks the VF is
@@ -146,4 +150,46 @@ fn carrier_lost_after_add(t: &T<'_>) {
     }
     assert_eq!(t.pf.snap(0), before);
     assert!(t.dir.saved().is_empty());
+}
+
+/// The VF's driver is unbound while the VF is in a pod (an operator reconfiguring the node):
+/// the netdev is gone for good, so DEL must not wait for it to come back, and still restores the
+/// PF side.
+fn driver_unbound_while_attached(t: &T<'_>) {
+    let pci = t.vf(1);
+    let before = t.pf.snap(1);
+    let pod = Netns::new();
+    let conf = nad(&pci, bank_settings());
+    t.dir.sriov("ADD", "unbound-1", &pod.path(), &conf).ok();
+    crate::vf::write_sys(&format!("/sys/bus/pci/devices/{pci}/driver/unbind"), &pci)
+        .expect("unbind igbvf");
+    let started = std::time::Instant::now();
+    let del = t.dir.sriov("DEL", "unbound-1", &pod.path(), &conf);
+    let took = started.elapsed();
+    // Back to igbvf (a new random MAC: put the old one back) before asserting.
+    crate::vf::write_sys("/sys/bus/pci/drivers_probe", &pci).expect("reprobe");
+    let back = crate::vf::wait_for(std::time::Duration::from_secs(20), || {
+        crate::vf::vf_netdev(&pci).is_some()
+    });
+    if let (Some(dev), Some(mac)) = (
+        crate::vf::vf_netdev(&pci),
+        before.netdev["address"].as_str(),
+    ) {
+        let _ = crate::vf::sh(&["ip", "link", "set", &dev, "address", mac]);
+    }
+    del.ok();
+    assert!(back.is_some(), "igbvf did not come back");
+    assert!(
+        took.as_secs() < 8,
+        "DEL waited {took:?} for a netdev that cannot return"
+    );
+    assert_eq!(
+        t.pf.snap(1),
+        before,
+        "PF side restored, netdev back after the reprobe"
+    );
+    assert!(t.dir.saved().is_empty());
+    t.note(format!(
+        "DEL with the VF's driver unbound while attached: {took:?}"
+    ));
 }

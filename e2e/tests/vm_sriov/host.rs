@@ -129,7 +129,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let console = out.join("console.log");
     let mut append = format!(
-        "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 plexus.run={} plexus.out={} plexus.args=--in-vm",
+        "console=ttyS0 panic=-1 intel_iommu=on no_timer_check loglevel=4 plexus.run={} plexus.out={} plexus.args=--in-vm",
         exe.display(),
         out.display()
     );
@@ -144,70 +144,33 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     // everywhere.
     let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
     let started = Instant::now();
-    // QEMU dies with this process even when it is killed (no Drop then): util-linux's setpriv
-    // sets the parent-death signal.
-    let mut cmd = match which("setpriv") {
-        Some(sp) => {
-            let mut c = Command::new(sp);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(&parts.qemu);
-            c
-        }
-        None => Command::new(&parts.qemu),
+    let deadline = started + Duration::from_secs(timeout);
+    let boot = Boot {
+        qemu: &parts.qemu,
+        vmlinuz: &parts.vmlinuz,
+        initrd: &initrd,
+        append: &append,
+        accel: &accel,
+        out: &out,
+        console: &console,
     };
-    let child = cmd
-        .args([
-            "-accel", &accel, "-machine", "q35", "-m", "1536", "-smp", "2",
-        ])
-        .args([
-            "-nodefaults",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-no-reboot",
-        ])
-        .args(["-device", "intel-iommu"])
-        .arg("-kernel")
-        .arg(&parts.vmlinuz)
-        .arg("-initrd")
-        .arg(&initrd)
-        .args(["-append", &append])
-        .args([
-            "-netdev",
-            "user,id=n0,restrict=on",
-            "-device",
-            "igb,netdev=n0",
-        ])
-        .args([
-            "-virtfs",
-            "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-        ])
-        .arg("-virtfs")
-        .arg(format!(
-            "local,path={},mount_tag=out,security_model=none",
-            out.display()
-        ))
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", parts.qemu.display()))?;
     println!(
-        "vm_sriov: booted QEMU ({accel}, igb PF) with {}; waiting up to {timeout} s",
+        "vm_sriov: booting QEMU ({accel}, igb PF) with {}; waiting up to {timeout} s",
         parts.vmlinuz.display()
     );
-    let mut vm = Vm(child);
-    let deadline = started + Duration::from_secs(timeout);
-    let status = loop {
-        if let Some(s) = vm.0.try_wait().map_err(|e| e.to_string())? {
-            break Some(s);
-        }
-        if Instant::now() >= deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    drop(vm);
+    let mut status = boot.run(deadline)?;
+    let log = std::fs::read_to_string(&console).unwrap_or_default();
+    if status.is_some() && !log.contains("vm-init: running") {
+        // The kernel died before the runner started (seen once under heavy host load: "timer
+        // doesn't work through Interrupt-remapped IO-APIC"): one more boot, same deadline.
+        let first = out.join("console-first-boot.log");
+        let _ = std::fs::rename(&console, &first);
+        println!(
+            "vm_sriov: the VM stopped before the runner started (console in {}); booting again",
+            first.display()
+        );
+        status = boot.run(deadline)?;
+    }
     let elapsed = started.elapsed();
     let report = read_results(&out);
     print!("{}", report.text);
@@ -237,6 +200,81 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
                 console.display()
             );
             Err(format!("{p}; results and logs kept in {}", out.display()))
+        }
+    }
+}
+
+/// One QEMU invocation.
+struct Boot<'a> {
+    qemu: &'a Path,
+    vmlinuz: &'a Path,
+    initrd: &'a Path,
+    append: &'a str,
+    accel: &'a str,
+    out: &'a Path,
+    console: &'a Path,
+}
+
+impl Boot<'_> {
+    /// Boots and waits until QEMU exits (its status) or `deadline` passes (None; QEMU is killed).
+    fn run(&self, deadline: Instant) -> Result<Option<std::process::ExitStatus>, String> {
+        // QEMU dies with this process even when it is killed (no Drop then): util-linux's
+        // setpriv sets the parent-death signal.
+        let mut cmd = match which("setpriv") {
+            Some(sp) => {
+                let mut c = Command::new(sp);
+                c.args(["--pdeathsig", "KILL", "--"]).arg(self.qemu);
+                c
+            }
+            None => Command::new(self.qemu),
+        };
+        let child = cmd
+            .args([
+                "-accel", self.accel, "-machine", "q35", "-m", "1536", "-smp", "2",
+            ])
+            .args([
+                "-nodefaults",
+                "-display",
+                "none",
+                "-monitor",
+                "none",
+                "-no-reboot",
+            ])
+            .args(["-device", "intel-iommu"])
+            .arg("-kernel")
+            .arg(self.vmlinuz)
+            .arg("-initrd")
+            .arg(self.initrd)
+            .args(["-append", self.append])
+            .args([
+                "-netdev",
+                "user,id=n0,restrict=on",
+                "-device",
+                "igb,netdev=n0",
+            ])
+            .args([
+                "-virtfs",
+                "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+            ])
+            .arg("-virtfs")
+            .arg(format!(
+                "local,path={},mount_tag=out,security_model=none",
+                self.out.display()
+            ))
+            .arg("-serial")
+            .arg(format!("file:{}", self.console.display()))
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.qemu.display()))?;
+        let mut vm = Vm(child);
+        loop {
+            if let Some(s) = vm.0.try_wait().map_err(|e| e.to_string())? {
+                return Ok(Some(s));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 }
