@@ -7,6 +7,7 @@
 use plexus_conf::args::CniArgs;
 use plexus_conf::k8s::selection::{parse_selections, NetworkSelection, NETWORKS_ANNOTATION};
 use plexus_conf::netconf::NetConfList;
+use plexus_conf::plexus_config::PlexusConfig;
 use plexus_conf::result::{CniResult, Dns, Interface, IpConfig, Route};
 use plexus_conf::validate;
 use plexus_conf::version::{self, CniVersion, SUPPORTED};
@@ -308,6 +309,35 @@ const CONF_KEYS: &[&str] = &[
     "prevResult",
 ];
 
+const PLEXUS_KEYS: &[&str] = &[
+    "cniVersion",
+    "name",
+    "type",
+    "kubeconfig",
+    "clusterNetwork",
+    "defaultNetworks",
+    "delegates",
+    "plugins",
+    "confDir",
+    "cniDir",
+    "binDir",
+    "readinessindicatorfile",
+    "namespaceIsolation",
+    "globalNamespaces",
+    "systemNamespaces",
+    "multusNamespace",
+    "logFile",
+    "logLevel",
+    "logToStderr",
+    "capabilities",
+    "retryDeleteOnError",
+    "delegateTimeoutSeconds",
+    "events",
+    "readinessTimeoutSeconds",
+    "podTimeoutMs",
+    "auxiliaryCNIChainName",
+];
+
 const RESULT_KEYS: &[&str] = &[
     "cniVersion",
     "interfaces",
@@ -474,6 +504,19 @@ proptest! {
                 prop_assert!(e.code == 6 || e.code == 7, "{}", e);
                 prop_assert!(!e.msg.is_empty());
             }
+        }
+    }
+
+    #[test]
+    fn arbitrary_plexus_configs_never_panic(v in arb_json(PLEXUS_KEYS)) {
+        match PlexusConfig::parse(v.to_string().as_bytes()) {
+            Ok(c) => {
+                let _ = c.global_namespace_list();
+                if let Err(e) = c.delegate_lists() {
+                    prop_assert!(e.msg.contains("delegates["), "{}", e);
+                }
+            }
+            Err(e) => prop_assert!(matches!(e.code, 2 | 6 | 7), "{}", e),
         }
     }
 
