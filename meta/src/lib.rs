@@ -10,6 +10,7 @@
 
 pub mod attach;
 pub mod context;
+pub mod daemon;
 pub mod devices;
 pub mod inputs;
 pub mod k8s;
@@ -18,5 +19,6 @@ pub mod plugin;
 pub mod pod;
 pub mod report;
 pub mod routes;
+pub mod shim;
 pub mod state;
 pub mod verbs;

@@ -1,15 +1,17 @@
-//! `plexus`: the CNI entry point, plus `plexus explain` (offline attachment plan) and
+//! `plexus`: the CNI entry point (thin mode, or daemon mode's shim when the config has
+//! `daemonSocket`), plus `plexus daemon`, `plexus explain` (offline attachment plan) and
 //! `plexus version`.
 
 use plexus_delegates::skel;
 use plexus_meta::k8s::InClusterEnv;
-use plexus_meta::{plugin::Plexus, verbs::explain};
+use plexus_meta::{plugin::Plexus, shim, verbs::explain};
 
 fn usage() -> String {
     format!(
         "plexus {}: multi-network CNI meta-plugin (CNI {})\n\
          usage: plexus                      (run by the container runtime with CNI_COMMAND set)\n       \
          plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname NAME]\n                        [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...\n       \
+         plexus daemon [--config FILE] [--socket PATH] ...   (daemon mode: see plexus daemon --help)\n       \
          plexus version",
         env!("CARGO_PKG_VERSION"),
         plexus_conf::version::SUPPORTED.join(", ")
@@ -20,6 +22,7 @@ fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
         Some("explain") => std::process::exit(explain::main(&argv[1..])),
+        Some("daemon") => std::process::exit(plexus_meta::daemon::main(&argv[1..])),
         Some("version" | "--version") => {
             println!("plexus {}", env!("CARGO_PKG_VERSION"));
             return;
@@ -43,5 +46,18 @@ fn main() {
     let plugin = Plexus {
         in_cluster: InClusterEnv::from_process_env(),
     };
-    std::process::exit(skel::run(&plugin));
+    let stdin = match skel::read_config(std::io::stdin()) {
+        Ok(b) => b,
+        Err(e) => std::process::exit(skel::print_read_error(e)),
+    };
+    let env = |k: &str| std::env::var(k).ok();
+    // Daemon mode: the config names the daemon's socket; this process only forwards.
+    let out = match shim::ShimConfig::from_stdin(&stdin) {
+        Some(conf) => shim::run(&conf, env, stdin, &plugin),
+        None => skel::dispatch(&plugin, env, stdin),
+    };
+    if !out.stdout.is_empty() {
+        println!("{}", out.stdout);
+    }
+    std::process::exit(out.exit_code);
 }

@@ -1,0 +1,426 @@
+//! The daemon's watch caches: the pods of this node (`spec.nodeName` field selector) and every
+//! NetworkAttachmentDefinition, kept by two long-lived `kube::runtime::watcher` streams (LIST,
+//! then WATCH from its resourceVersion with bookmarks; a 410 Gone or a dropped watch relists
+//! and the new list replaces the cache atomically, like a reflector's store). Only the fields
+//! plexus reads are kept: a pod's name, namespace, UID, annotations, node and DRA claim status;
+//! a NAD's `spec.config` and resource-name annotation.
+//!
+//! [`CacheInputs`] is the daemon's side of the [`Inputs`] seam: no API request for a pod or a
+//! NAD that is cached; a pod not (yet) cached — watch lag right after scheduling — is waited
+//! for briefly, then read with one GET.
+
+use super::metrics::Metrics;
+use crate::context::Ctx;
+use crate::devices::dra::DraDevice;
+use crate::inputs::api::{fetch_nads, fetch_pod};
+use crate::inputs::Inputs;
+use crate::k8s::{KubeClient, Nad, Pod};
+use crate::plan::requests::NadMap;
+use crate::plan::resolve::NadData;
+use crate::plan::DeviceMap;
+use crate::pod::{PodIdentity, PodInfo};
+use futures::StreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Api;
+use plexus_conf::error::CniError;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+type Key = (String, String);
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<Key, PodInfo>,
+    nads: HashMap<Key, NadData>,
+    pods_synced: bool,
+    nads_synced: bool,
+    /// Objects of a LIST in progress (replace the cache at `InitDone`).
+    pods_init: Option<HashMap<Key, PodInfo>>,
+    nads_init: Option<HashMap<Key, NadData>>,
+}
+
+/// The node's pods and the cluster's NADs, as plexus needs them.
+#[derive(Default)]
+pub struct Caches {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// Which cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Pods of this node.
+    Pods,
+    /// NetworkAttachmentDefinitions.
+    Nads,
+}
+
+impl Kind {
+    /// Metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Pods => "pods",
+            Kind::Nads => "network-attachment-definitions",
+        }
+    }
+}
+
+fn key_of(meta: &kube::api::ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// What plexus keeps of a pod object.
+pub fn slim_pod(pod: &Pod) -> PodInfo {
+    let (namespace, name) = key_of(&pod.metadata);
+    PodInfo::from_pod(
+        pod,
+        &PodIdentity {
+            namespace,
+            name,
+            ..Default::default()
+        },
+    )
+}
+
+impl Caches {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Static mode (no API): nothing to watch, ready at once.
+    pub fn mark_static(&self) {
+        let mut s = self.lock();
+        s.pods_synced = true;
+        s.nads_synced = true;
+    }
+
+    /// True once both caches have completed their first LIST.
+    pub fn synced(&self) -> bool {
+        let s = self.lock();
+        s.pods_synced && s.nads_synced
+    }
+
+    /// Cached objects: (pods, NADs).
+    pub fn len(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.pods.len(), s.nads.len())
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == (0, 0)
+    }
+
+    /// The cached pod `id` names (its UID too when `id` has one).
+    pub fn pod(&self, id: &PodIdentity) -> Option<PodInfo> {
+        let s = self.lock();
+        Self::matching(&s, id)
+    }
+
+    fn matching(s: &State, id: &PodIdentity) -> Option<PodInfo> {
+        s.pods
+            .get(&(id.namespace.clone(), id.name.clone()))
+            .filter(|p| id.uid.is_empty() || p.id.uid == id.uid)
+            .map(|p| PodInfo {
+                id: PodIdentity {
+                    uid: p.id.uid.clone(),
+                    ..id.clone()
+                },
+                ..p.clone()
+            })
+    }
+
+    /// Wait up to `wait` for the pod to appear in the cache (only while the pod cache is
+    /// synced: before that the watch says nothing about lag).
+    pub fn wait_pod(&self, id: &PodIdentity, wait: Duration) -> Option<PodInfo> {
+        let deadline = Instant::now() + wait;
+        let mut s = self.lock();
+        loop {
+            if let Some(p) = Self::matching(&s, id) {
+                return Some(p);
+            }
+            let now = Instant::now();
+            if !s.pods_synced || now >= deadline {
+                return None;
+            }
+            s = self
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The cached NAD, if any.
+    pub fn nad(&self, ns: &str, name: &str) -> Option<NadData> {
+        self.lock()
+            .nads
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Whether the pod cache has completed a LIST.
+    pub fn pods_synced(&self) -> bool {
+        self.lock().pods_synced
+    }
+
+    /// Whether the NAD cache has completed a LIST (a miss then means "not found" unless the
+    /// watch lags).
+    pub fn nads_synced(&self) -> bool {
+        self.lock().nads_synced
+    }
+
+    fn apply_pod(&self, ev: Event<Pod>) {
+        let mut s = self.lock();
+        match ev {
+            Event::Init => s.pods_init = Some(HashMap::new()),
+            Event::InitApply(p) => {
+                let k = key_of(&p.metadata);
+                s.pods_init
+                    .get_or_insert_with(HashMap::new)
+                    .insert(k, slim_pod(&p));
+            }
+            Event::InitDone => {
+                s.pods = s.pods_init.take().unwrap_or_default();
+                s.pods_synced = true;
+            }
+            Event::Apply(p) => {
+                s.pods.insert(key_of(&p.metadata), slim_pod(&p));
+            }
+            Event::Delete(p) => {
+                let k = key_of(&p.metadata);
+                // A delete of an older incarnation must not drop a newer pod of the same name.
+                if s.pods
+                    .get(&k)
+                    .is_some_and(|c| Some(&c.id.uid) == p.metadata.uid.as_ref())
+                {
+                    s.pods.remove(&k);
+                }
+            }
+        }
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    fn apply_nad(&self, ev: Event<Nad>) {
+        let mut s = self.lock();
+        match ev {
+            Event::Init => s.nads_init = Some(HashMap::new()),
+            Event::InitApply(n) => {
+                let k = key_of(&n.metadata);
+                s.nads_init
+                    .get_or_insert_with(HashMap::new)
+                    .insert(k, NadData::from_nad(&n));
+            }
+            Event::InitDone => {
+                s.nads = s.nads_init.take().unwrap_or_default();
+                s.nads_synced = true;
+            }
+            Event::Apply(n) => {
+                s.nads.insert(key_of(&n.metadata), NadData::from_nad(&n));
+            }
+            Event::Delete(n) => {
+                s.nads.remove(&key_of(&n.metadata));
+            }
+        }
+        drop(s);
+        self.changed.notify_all();
+    }
+}
+
+/// Run both watches until the runtime stops: pods of `node` (all pods when empty) and NADs.
+/// Errors restart the watch with kube's default backoff and are counted.
+pub async fn run_watches(
+    caches: Arc<Caches>,
+    client: KubeClient,
+    node: String,
+    metrics: Arc<Metrics>,
+) {
+    let kc = client.client.clone();
+    let pods: Api<Pod> = Api::all(kc.clone());
+    let mut pod_cfg = watcher::Config::default().any_semantic();
+    if !node.is_empty() {
+        pod_cfg = pod_cfg.fields(&format!("spec.nodeName={node}"));
+    }
+    let nads: Api<Nad> = Api::all(kc);
+    let nad_cfg = watcher::Config::default().any_semantic();
+    let (c1, m1) = (Arc::clone(&caches), Arc::clone(&metrics));
+    let pod_loop = async move {
+        let mut s = watcher::watcher(pods, pod_cfg).default_backoff().boxed();
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(ev) => {
+                    c1.apply_pod(ev);
+                    m1.cache_changed(Kind::Pods, &c1);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pod watch failed; restarting");
+                    m1.watch_restart(Kind::Pods);
+                }
+            }
+        }
+    };
+    let (c2, m2) = (caches, metrics);
+    let nad_loop = async move {
+        let mut s = watcher::watcher(nads, nad_cfg).default_backoff().boxed();
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(ev) => {
+                    c2.apply_nad(ev);
+                    m2.cache_changed(Kind::Nads, &c2);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "NAD watch failed; restarting");
+                    m2.watch_restart(Kind::Nads);
+                }
+            }
+        }
+    };
+    futures::join!(pod_loop, nad_loop);
+}
+
+/// The daemon's inputs: the caches, with one GET per miss.
+pub struct CacheInputs {
+    /// The caches.
+    pub caches: Arc<Caches>,
+    /// The daemon's client (`None`: static mode).
+    pub client: Option<KubeClient>,
+    /// How long a pod missing from the synced cache is waited for before the GET.
+    pub pod_wait: Duration,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Inputs for CacheInputs {
+    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
+        if self.client.is_none() {
+            return Ok(None);
+        }
+        if let Some(p) = self.caches.wait_pod(id, self.pod_wait) {
+            return Ok(Some(p));
+        }
+        self.metrics.cache_miss(Kind::Pods);
+        tracing::info!(pod = %id.key(), "pod not in the watch cache: reading it");
+        fetch_pod(ctx, self.client.as_ref(), Some(id))
+    }
+
+    fn nads(
+        &mut self,
+        ctx: &mut Ctx,
+        refs: &[(String, String)],
+        label: &str,
+    ) -> Result<NadMap, CniError> {
+        let mut map = NadMap::new();
+        if self.client.is_none() {
+            return Ok(map);
+        }
+        let mut missing = Vec::new();
+        for r in refs {
+            match self.caches.nad(&r.0, &r.1) {
+                Some(n) => {
+                    map.insert(r.clone(), Some(n));
+                }
+                None => missing.push(r.clone()),
+            }
+        }
+        if !missing.is_empty() {
+            // Not cached: just created (watch lag) or really missing; the API decides.
+            self.metrics.cache_miss(Kind::Nads);
+            map.extend(fetch_nads(ctx, self.client.as_ref(), &missing, label)?);
+        }
+        Ok(map)
+    }
+
+    fn devices(
+        &mut self,
+        ctx: &mut Ctx,
+        pod: &PodInfo,
+        wanted: &BTreeSet<String>,
+    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+        crate::devices::allocated(ctx, self.client.as_ref(), pod, wanted)
+    }
+
+    fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+        Ok(self.client.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        serde_json::from_value(json!({"metadata":{"name":name,"namespace":"db","uid":uid,
+            "annotations":{"k8s.v1.cni.cncf.io/networks":"mv"},"managedFields":[{"manager":"x"}]},
+            "spec":{"nodeName":"n1","containers":[{"name":"c","image":"busybox"}]},
+            "status":{"phase":"Pending"}}))
+        .unwrap()
+    }
+
+    fn id(name: &str, uid: &str) -> PodIdentity {
+        PodIdentity {
+            namespace: "db".into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_relist_replaces_the_cache_and_deletes_respect_the_uid() {
+        let c = Caches::default();
+        c.apply_pod(Event::Init);
+        c.apply_pod(Event::InitApply(pod("a", "u1")));
+        assert!(c.pod(&id("a", "")).is_none(), "not visible before InitDone");
+        c.apply_pod(Event::InitDone);
+        let got = c.pod(&id("a", "")).unwrap();
+        assert_eq!(got.id.uid, "u1");
+        assert_eq!(got.annotations["k8s.v1.cni.cncf.io/networks"], "mv");
+        assert_eq!(got.claims.unwrap().node_name, "n1");
+        // Another UID is not this pod.
+        assert!(c.pod(&id("a", "u2")).is_none());
+        // A recreated pod replaces it; the old incarnation's delete leaves the new one.
+        c.apply_pod(Event::Apply(pod("a", "u2")));
+        c.apply_pod(Event::Delete(pod("a", "u1")));
+        assert_eq!(c.pod(&id("a", "")).unwrap().id.uid, "u2");
+        // A relist (410 Gone) without the pod drops it.
+        c.apply_pod(Event::Init);
+        c.apply_pod(Event::InitApply(pod("b", "u3")));
+        c.apply_pod(Event::InitDone);
+        assert!(c.pod(&id("a", "")).is_none());
+        assert!(c.pod(&id("b", "u3")).is_some());
+    }
+
+    #[test]
+    fn waiting_for_a_pod_ends_when_the_watch_delivers_it() {
+        let c = Arc::new(Caches::default());
+        // Unsynced: no wait at all.
+        let t = Instant::now();
+        assert!(c
+            .wait_pod(&id("late", ""), Duration::from_secs(5))
+            .is_none());
+        assert!(t.elapsed() < Duration::from_secs(1));
+        c.apply_pod(Event::Init);
+        c.apply_pod(Event::InitDone);
+        let c2 = Arc::clone(&c);
+        let feeder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            c2.apply_pod(Event::Apply(pod("late", "u9")));
+        });
+        let got = c.wait_pod(&id("late", "u9"), Duration::from_secs(5));
+        feeder.join().unwrap();
+        assert_eq!(got.unwrap().id.uid, "u9");
+        // Synced and absent: the wait is bounded.
+        let t = Instant::now();
+        assert!(c
+            .wait_pod(&id("never", ""), Duration::from_millis(50))
+            .is_none());
+        assert!(t.elapsed() >= Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,353 @@
+//! `plexus daemon`: the node daemon of daemon mode. It keeps watch caches of the node's pods
+//! and the NADs ([`cache`]), serves CNI calls forwarded by the shim over a Unix socket with an
+//! explicit concurrency limit and bounded queue ([`server`]), runs the same pipeline as thin
+//! mode with its inputs read from the caches ([`cache::CacheInputs`]), and exports metrics,
+//! `/healthz` and `/readyz` ([`metrics`]). SIGTERM drains: the socket disappears (shims fall
+//! back, see [`crate::shim`]) and the calls already accepted finish.
+
+pub mod cache;
+pub mod metrics;
+pub mod protocol;
+pub mod server;
+
+use crate::context::Ctx;
+use crate::k8s::{ClientOptions, InClusterEnv, KubeClient, RetryPolicy};
+use crate::verbs::{add, check, del};
+use cache::{CacheInputs, Caches};
+use metrics::Metrics;
+use plexus_conf::error::CniError;
+use plexus_delegates::skel::{self, AddOutput, CmdArgs, Plugin};
+use protocol::{Request, Response};
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default socket path (the shim config's `daemonSocket`).
+pub const DEFAULT_SOCKET: &str = "/run/plexus/plexus.sock";
+
+/// The daemon's settings (`--config FILE`, JSON; flags override).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DaemonConfig {
+    /// The CNI socket; its directory is made private (0700) to the daemon.
+    pub socket_path: String,
+    /// A kubeconfig; empty: the in-cluster service account, else no API (static mode).
+    pub kubeconfig: String,
+    /// This node (pods are watched with `spec.nodeName=<node>`); default `$PLEXUS_NODE_NAME`.
+    pub node_name: String,
+    /// CNI calls served at once.
+    pub max_concurrent: usize,
+    /// Accepted calls waiting for a worker; beyond it a call is refused with code 11.
+    pub queue_size: usize,
+    /// How long a pod missing from the synced cache is waited for before one GET, ms.
+    pub pod_wait_ms: u64,
+    /// `host:port` for `/metrics`, `/healthz`, `/readyz`; empty: off.
+    pub metrics_address: String,
+    /// A file written once the caches are synced (removed at shutdown); empty: none.
+    pub readiness_file: String,
+    /// How long SIGTERM waits for accepted calls to finish, seconds.
+    pub drain_seconds: u64,
+    /// Total time budget for one API read (pod GET on a cache miss), ms.
+    pub api_timeout_ms: u64,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            socket_path: DEFAULT_SOCKET.into(),
+            kubeconfig: String::new(),
+            node_name: std::env::var("PLEXUS_NODE_NAME").unwrap_or_default(),
+            max_concurrent: 8,
+            queue_size: 512,
+            pod_wait_ms: 1000,
+            metrics_address: String::new(),
+            readiness_file: String::new(),
+            drain_seconds: 30,
+            api_timeout_ms: 2500,
+        }
+    }
+}
+
+const USAGE: &str =
+    "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
+                     [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
+                     [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]";
+
+impl DaemonConfig {
+    /// From the command line (a `--config` file first, then the flags).
+    pub fn from_args(argv: &[String]) -> Result<DaemonConfig, String> {
+        let mut cfg = DaemonConfig::default();
+        if let Some(i) = argv.iter().position(|a| a == "--config") {
+            let path = argv.get(i + 1).ok_or("--config wants a file")?;
+            let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+            cfg = serde_json::from_slice(&bytes).map_err(|e| format!("{path}: {e}"))?;
+        }
+        let mut it = argv.iter();
+        while let Some(a) = it.next() {
+            let mut val = || it.next().cloned().ok_or(format!("{a} wants a value"));
+            let num = |v: String| v.parse::<u64>().map_err(|e| format!("{a}: {e}"));
+            match a.as_str() {
+                "--config" => {
+                    val()?;
+                }
+                "--socket" => cfg.socket_path = val()?,
+                "--kubeconfig" => cfg.kubeconfig = val()?,
+                "--node" => cfg.node_name = val()?,
+                "--max-concurrent" => cfg.max_concurrent = num(val()?)? as usize,
+                "--queue-size" => cfg.queue_size = num(val()?)? as usize,
+                "--pod-wait-ms" => cfg.pod_wait_ms = num(val()?)?,
+                "--metrics-address" => cfg.metrics_address = val()?,
+                "--readiness-file" => cfg.readiness_file = val()?,
+                "--drain-seconds" => cfg.drain_seconds = num(val()?)?,
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        if cfg.max_concurrent == 0 {
+            return Err("maxConcurrent must be > 0".into());
+        }
+        Ok(cfg)
+    }
+}
+
+/// What every call shares.
+struct Shared {
+    handle: tokio::runtime::Handle,
+    client: Option<KubeClient>,
+    caches: Arc<Caches>,
+    metrics: Arc<Metrics>,
+    pod_wait: Duration,
+}
+
+/// The verbs, served with the daemon's runtime, client and caches.
+struct DaemonPlugin<'a>(&'a Shared);
+
+impl DaemonPlugin<'_> {
+    fn ctx(&self, args: &CmdArgs) -> Result<(Ctx, CacheInputs), CniError> {
+        let s = self.0;
+        let ctx = Ctx::new(args, None)?.with_shared(s.handle.clone(), s.client.clone());
+        let inputs = CacheInputs {
+            caches: Arc::clone(&s.caches),
+            client: s.client.clone(),
+            pod_wait: s.pod_wait,
+            metrics: Arc::clone(&s.metrics),
+        };
+        Ok((ctx, inputs))
+    }
+}
+
+impl Plugin for DaemonPlugin<'_> {
+    fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
+        let (mut ctx, mut inputs) = self.ctx(&args)?;
+        let started = std::time::Instant::now();
+        let out = add::add(&mut ctx, &mut inputs, &args);
+        tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "ADD done");
+        out
+    }
+
+    fn del(&self, args: CmdArgs) -> Result<(), CniError> {
+        let (mut ctx, mut inputs) = self.ctx(&args)?;
+        del::del(&mut ctx, &mut inputs, &args)
+    }
+
+    fn check(&self, args: CmdArgs) -> Result<(), CniError> {
+        let (mut ctx, _) = self.ctx(&args)?;
+        check::check(&mut ctx, &args)
+    }
+
+    fn status(&self, args: CmdArgs) -> Result<(), CniError> {
+        let (mut ctx, _) = self.ctx(&args)?;
+        check::status(&mut ctx)
+    }
+
+    fn gc(&self, args: CmdArgs) -> Result<(), CniError> {
+        let (mut ctx, _) = self.ctx(&args)?;
+        check::gc(&mut ctx, &args)
+    }
+}
+
+fn serve_one(shared: &Shared, req: Request) -> Response {
+    let env = req.env;
+    let out = skel::dispatch(
+        &DaemonPlugin(shared),
+        |k| env.get(k).cloned(),
+        req.stdin.into_bytes(),
+    );
+    Response {
+        code: out.exit_code,
+        stdout: out.stdout,
+    }
+}
+
+async fn build_client(cfg: &DaemonConfig) -> Result<Option<KubeClient>, String> {
+    let opts = ClientOptions {
+        retry: RetryPolicy {
+            total: Duration::from_millis(cfg.api_timeout_ms),
+            interval: Duration::from_millis(250),
+        },
+        ..ClientOptions::default()
+    };
+    let kubeconfig = (!cfg.kubeconfig.is_empty()).then(|| PathBuf::from(&cfg.kubeconfig));
+    let in_cluster = InClusterEnv::from_process_env();
+    KubeClient::from_settings(kubeconfig.as_deref(), in_cluster.as_ref(), opts)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `plexus daemon …`: run until SIGTERM/SIGINT; returns the exit code.
+pub fn main(argv: &[String]) -> i32 {
+    if argv.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return 0;
+    }
+    let cfg = match DaemonConfig::from_args(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("plexus daemon: {e}\n{USAGE}");
+            return 2;
+        }
+    };
+    plexus_delegates::logging::init(&plexus_delegates::logging::LogOptions {
+        level: std::env::var("PLEXUS_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+        file: None,
+        to_stderr: true,
+        max_size_mb: 100,
+        max_backups: 5,
+    });
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("plexus-async")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("plexus daemon: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match run(&cfg, &rt) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "plexus daemon failed");
+            eprintln!("plexus daemon: {e}");
+            1
+        }
+    }
+}
+
+fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    let client = rt.block_on(build_client(cfg))?;
+    let caches = Arc::new(Caches::default());
+    let metrics = Arc::new(Metrics::new());
+    match &client {
+        Some(c) => {
+            if cfg.node_name.is_empty() {
+                tracing::warn!("no node name (PLEXUS_NODE_NAME or nodeName): watching every pod of the cluster");
+            }
+            rt.spawn(cache::run_watches(
+                Arc::clone(&caches),
+                c.clone(),
+                cfg.node_name.clone(),
+                Arc::clone(&metrics),
+            ));
+        }
+        None => {
+            tracing::warn!("no API configured: serving static mode");
+            caches.mark_static();
+        }
+    }
+    if !cfg.metrics_address.is_empty() {
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind(&cfg.metrics_address))
+            .map_err(|e| format!("metrics address {}: {e}", cfg.metrics_address))?;
+        rt.spawn(metrics::serve(l, Arc::clone(&metrics), Arc::clone(&caches)));
+    }
+    let path = PathBuf::from(&cfg.socket_path);
+    let listener = server::bind(&path).map_err(|e| format!("socket {}: {e}", path.display()))?;
+    let shared = Arc::new(Shared {
+        handle: rt.handle().clone(),
+        client,
+        caches: Arc::clone(&caches),
+        metrics: Arc::clone(&metrics),
+        pod_wait: Duration::from_millis(cfg.pod_wait_ms),
+    });
+    let handler: Arc<server::Handler> = Arc::new(move |req| serve_one(&shared, req));
+    let srv = server::Server::start(
+        listener,
+        &path,
+        server::Limits {
+            max_concurrent: cfg.max_concurrent,
+            queue_size: cfg.queue_size,
+        },
+        Arc::clone(&metrics),
+        handler,
+    );
+    tracing::info!(socket = %path.display(), max_concurrent = cfg.max_concurrent, queue_size = cfg.queue_size, node = %cfg.node_name, "plexus daemon serving");
+    let readiness = (!cfg.readiness_file.is_empty()).then(|| PathBuf::from(&cfg.readiness_file));
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| e.to_string())?;
+        let mut ready_written = readiness.is_none();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+                _ = tick.tick(), if !ready_written => {
+                    if caches.synced() {
+                        if let Some(f) = &readiness {
+                            std::fs::write(f, b"ready\n").map_err(|e| format!("{}: {e}", f.display()))?;
+                            tracing::info!(file = %f.display(), "caches synced: ready");
+                        }
+                        ready_written = true;
+                    }
+                }
+            }
+        }
+        Ok::<(), String>(())
+    })?;
+    tracing::info!("SIGTERM: draining (new calls are refused, shims fall back)");
+    if let Some(f) = &readiness {
+        let _ = std::fs::remove_file(f);
+    }
+    let left = srv.drain(Duration::from_secs(cfg.drain_seconds));
+    if left > 0 {
+        tracing::warn!(left, "calls still running at the end of the drain period");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_override_the_config_file() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("d.json");
+        std::fs::write(
+            &f,
+            br#"{"socketPath":"/x/s.sock","maxConcurrent":3,"queueSize":9}"#,
+        )
+        .unwrap();
+        let c = DaemonConfig::from_args(&args(&[
+            "--config",
+            f.to_str().unwrap(),
+            "--queue-size",
+            "4",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.socket_path.as_str(), c.max_concurrent, c.queue_size),
+            ("/x/s.sock", 3, 4)
+        );
+        assert_eq!(c.pod_wait_ms, 1000);
+        assert!(DaemonConfig::from_args(&args(&["--max-concurrent", "0"])).is_err());
+        assert!(DaemonConfig::from_args(&args(&["--bogus"])).is_err());
+    }
+}

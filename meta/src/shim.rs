@@ -1,0 +1,166 @@
+//! Daemon mode's CNI entry: when the config the runtime passes has `daemonSocket`, `plexus`
+//! forwards the call (its `CNI_*` environment and stdin) to `plexus daemon` over that Unix
+//! socket and prints the answer. It reads no API, starts no async runtime and parses only
+//! the few keys below, so it costs a process start and one round trip on the socket.
+//!
+//! When the daemon cannot be reached (absent, starting, draining after SIGTERM, crashed):
+//! - DEL, CHECK, STATUS and GC run in-process from the saved plans (DEL needs no API), so a
+//!   pod never stays Terminating because of the daemon;
+//! - ADD follows `daemonUnavailable`: `"thin"` (default) runs the whole ADD in-process in thin
+//!   mode with the config's `kubeconfig` (the pod gets its networks; the API pays thin mode's
+//!   N+3 requests for it); `"tryAgain"` returns code 11 and the kubelet retries later. Without
+//!   a `kubeconfig` the thin fallback could not read the pod, so ADD returns code 11 too.
+//! - A daemon that accepted an ADD and died before answering: code 11. The runtime then DELs
+//!   the container, which cleans up from the plan saved before the first delegate ran.
+
+use crate::daemon::protocol::{read_message, write_message, Request, Response, CNI_ENV};
+use plexus_conf::error::{code, CniError};
+use plexus_delegates::skel::{self, Outcome, Plugin};
+use serde::Deserialize;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// The keys of the CNI config the shim reads.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ShimConfig {
+    /// The daemon's socket; empty: thin mode.
+    pub daemon_socket: String,
+    /// ADD when the daemon is unreachable: `thin` (default) or `tryAgain`.
+    pub daemon_unavailable: String,
+    /// The thin fallback's kubeconfig.
+    pub kubeconfig: String,
+}
+
+impl ShimConfig {
+    /// `Some` when the config selects daemon mode.
+    pub fn from_stdin(stdin: &[u8]) -> Option<ShimConfig> {
+        serde_json::from_slice::<ShimConfig>(stdin)
+            .ok()
+            .filter(|c| !c.daemon_socket.is_empty())
+    }
+
+    fn add_falls_back_to_thin(&self) -> Result<(), &'static str> {
+        match self.daemon_unavailable.as_str() {
+            "tryAgain" => Err("daemonUnavailable is \"tryAgain\""),
+            _ if self.kubeconfig.is_empty() => {
+                Err("the config has no kubeconfig for an in-process (thin) ADD")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How forwarding failed.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// Nothing listens on the socket: nothing was sent.
+    Unreachable(std::io::Error),
+    /// The daemon took the call but gave no answer (it died or was killed).
+    NoAnswer(std::io::Error),
+}
+
+/// Send one call to the daemon and wait for its answer.
+pub fn forward(socket: &str, req: &Request) -> Result<Response, ForwardError> {
+    let mut conn = UnixStream::connect(socket).map_err(ForwardError::Unreachable)?;
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+    write_message(&mut conn, req).map_err(ForwardError::NoAnswer)?;
+    conn.shutdown(std::net::Shutdown::Write)
+        .map_err(ForwardError::NoAnswer)?;
+    read_message(&mut conn, 16 << 20).map_err(ForwardError::NoAnswer)
+}
+
+fn try_again(msg: String, details: String, stdin: &[u8]) -> Outcome {
+    let ver = serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| plexus_conf::version::CURRENT.to_string());
+    Outcome {
+        stdout: CniError::new(code::TRY_AGAIN_LATER, msg, details)
+            .with_version(&ver)
+            .to_json(),
+        exit_code: 1,
+    }
+}
+
+/// Run one CNI call in daemon mode; `thin` is the in-process plugin used as the fallback.
+pub fn run(
+    conf: &ShimConfig,
+    env: impl Fn(&str) -> Option<String>,
+    stdin: Vec<u8>,
+    thin: &dyn Plugin,
+) -> Outcome {
+    let verb = env("CNI_COMMAND").unwrap_or_default();
+    if verb == "VERSION" {
+        return skel::dispatch(thin, env, stdin);
+    }
+    let req = Request {
+        env: CNI_ENV
+            .iter()
+            .filter_map(|k| env(k).map(|v| (k.to_string(), v)))
+            .collect(),
+        stdin: String::from_utf8_lossy(&stdin).into_owned(),
+    };
+    match forward(&conf.daemon_socket, &req) {
+        Ok(r) => Outcome {
+            stdout: r.stdout,
+            exit_code: r.code,
+        },
+        Err(ForwardError::Unreachable(e)) if verb == "ADD" => match conf.add_falls_back_to_thin() {
+            Ok(()) => {
+                eprintln!(
+                    "plexus: daemon {} unreachable ({e}): ADD in thin mode",
+                    conf.daemon_socket
+                );
+                skel::dispatch(thin, env, stdin)
+            }
+            Err(why) => try_again(
+                format!("the plexus daemon at {} is unreachable", conf.daemon_socket),
+                format!("{e}; no in-process ADD: {why}"),
+                &stdin,
+            ),
+        },
+        Err(ForwardError::NoAnswer(e)) if verb == "ADD" => try_again(
+            format!(
+                "the plexus daemon at {} did not answer the ADD",
+                conf.daemon_socket
+            ),
+            format!("{e}; the runtime's DEL undoes whatever it started, from the saved plan"),
+            &stdin,
+        ),
+        // DEL, CHECK, STATUS, GC: in-process, from the saved plans.
+        Err(ForwardError::Unreachable(e) | ForwardError::NoAnswer(e)) => {
+            eprintln!(
+                "plexus: daemon {} unavailable ({e}): {verb} in-process",
+                conf.daemon_socket
+            );
+            skel::dispatch(thin, env, stdin)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_mode_and_add_fallback_policy() {
+        assert!(ShimConfig::from_stdin(br#"{"type":"plexus"}"#).is_none());
+        assert!(ShimConfig::from_stdin(br#"{"daemonSocket":""}"#).is_none());
+        let c = ShimConfig::from_stdin(
+            br#"{"daemonSocket":"/run/plexus/plexus.sock","kubeconfig":"/k"}"#,
+        )
+        .unwrap();
+        assert!(c.add_falls_back_to_thin().is_ok());
+        let c = ShimConfig {
+            daemon_unavailable: "tryAgain".into(),
+            ..c
+        };
+        assert!(c.add_falls_back_to_thin().is_err());
+        let c = ShimConfig::from_stdin(br#"{"daemonSocket":"/s"}"#).unwrap();
+        assert!(c
+            .add_falls_back_to_thin()
+            .unwrap_err()
+            .contains("kubeconfig"));
+    }
+}
