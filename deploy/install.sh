@@ -9,6 +9,8 @@
 #     which reloads only on write events, sees the new config; the old config is never removed;
 #  4. with --watch, re-checks the token, the CA, the primary config and its own config every few
 #     seconds and regenerates what changed. It never removes the config, not even on exit.
+#  With --ready-file, that file is removed at start and created once 1-3 are done (the
+#  DaemonSet's readiness probe: a config left by an earlier version must not make a new pod Ready).
 #
 # Needs: sh, coreutils (cp, mv, cmp, dd, sha256sum, base64), jq. See deploy/README.md.
 set -eu
@@ -36,6 +38,7 @@ SKIP_BINARIES=false
 SKIP_KUBECONFIG=false
 WATCH=false
 WATCH_INTERVAL=${PLEXUS_WATCH_INTERVAL:-5}
+READY_FILE=${PLEXUS_READY_FILE:-}
 
 usage() {
 	cat <<'EOF'
@@ -61,6 +64,8 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --skip-kubeconfig         no kubeconfig (plexus then runs in-cluster or in static mode)
   --watch                   keep running; regenerate on token/CA/primary/config changes
   --watch-interval SECONDS  [5]
+  --ready-file PATH         removed at start, created once binaries, kubeconfig and config are
+                            in place (for a readiness probe)
 Kubernetes API address: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT and optionally
 KUBERNETES_SERVICE_PROTOCOL (https).
 EOF
@@ -109,6 +114,7 @@ while [ "$#" -gt 0 ]; do
 	--skip-kubeconfig) SKIP_KUBECONFIG=true ;;
 	--watch) WATCH=true ;;
 	--watch-interval) need_value "$@"; WATCH_INTERVAL=$2; shift ;;
+	--ready-file) need_value "$@"; READY_FILE=$2; shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; die "unknown option: $opt" ;;
 	esac
@@ -410,10 +416,20 @@ check_not_shadowed() {
 
 # ------------------------------------------------------------------------------------------ main
 
+# A ready file from an earlier run of this pod (a container restart keeps its emptyDir) would
+# report the node ready before this run has published anything.
+if [ -n "$READY_FILE" ]; then
+	rm -f "$READY_FILE" || die "cannot remove $READY_FILE"
+fi
 [ "$SKIP_BINARIES" = true ] || install_binaries
 [ "$SKIP_KUBECONFIG" = true ] || write_kubeconfig
 wait_primary
 write_config
+if [ -n "$READY_FILE" ]; then
+	case $READY_FILE in */*) mkdir -p "${READY_FILE%/*}" ;; esac
+	: >"$READY_FILE" || die "cannot create $READY_FILE"
+	log "ready ($READY_FILE)"
+fi
 
 [ "$WATCH" = true ] || exit 0
 

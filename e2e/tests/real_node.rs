@@ -24,6 +24,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use plexus_e2e::realk8s::image::{self, ImageFile};
 use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node, PRIMARY_CONF};
 use plexus_e2e::realk8s::{bins_or_skip, ControlPlane, K8sBins, Proc, Suite};
 use serde_json::{json, Value};
@@ -82,6 +83,10 @@ fn main() -> ExitCode {
     suite.case("installer_exits_on_sigterm_and_leaves_its_config", || {
         tier.stop_installer()
     });
+    suite.case(
+        "daemonset_pod_from_deploy_runs_the_installer_on_the_node",
+        || tier.daemonset_pod(),
+    );
     suite.case("multus_thin_config_with_a_nameless_delegate", || {
         tier.multus_thin_config()
     });
@@ -186,7 +191,7 @@ impl<'a> Tier<'a> {
             cp.apply_file(f)
                 .with_context(|| format!("kubectl apply -f {}", f.display()))?;
         }
-        // The example pod is bound to a node that does not exist here: remove it.
+        // The example pod (an SR-IOV device request) cannot run here; no scheduler binds it.
         for f in &all {
             let text = std::fs::read_to_string(f)?;
             if text.contains("\nkind: Pod\n") {
@@ -264,6 +269,11 @@ impl<'a> Tier<'a> {
             ("PLEXUS_TOKEN_FILE".into(), p(&sa.join("token"))),
             ("PLEXUS_CA_FILE".into(), p(&sa.join("ca.crt"))),
             ("PLEXUS_LOG_FILE".into(), p(&self.node.path("plexus.log"))),
+            // The DaemonSet's emptyDir, here a node dir (later assignments win in `env`).
+            (
+                "PLEXUS_READY_FILE".into(),
+                p(&self.node.path("install-state/ready")),
+            ),
             (
                 "PLEXUS_EXTRA_CONFIG".into(),
                 json!({"cniDir": self.node.plexus_dir()}).to_string(),
@@ -281,6 +291,12 @@ impl<'a> Tier<'a> {
             Ok(final_conf.exists())
         })
         .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
+        let ready = self.node.path("install-state/ready");
+        wait_for(
+            "the installer's ready file",
+            Duration::from_secs(30),
+            || Ok(ready.exists()),
+        )?;
         let conf: Value = serde_json::from_slice(&std::fs::read(&final_conf)?)?;
         let plugin = &conf["plugins"][0];
         ensure!(plugin["type"] == "plexus", "{conf}");
@@ -437,15 +453,33 @@ impl<'a> Tier<'a> {
             .collect();
         let created = create_and_wait(&self.api, &manifests, Duration::from_secs(60))
             .with_context(|| self.node.logs(10))?;
+        let names: Vec<String> = pods.iter().map(|(n, _)| n.clone()).collect();
         let mut netns = Vec::new();
+        let mut failed = None;
         for (name, _) in pods {
             let (sb, ns) = self.pod_netns(NS, name)?;
-            let pod = self.api.get_pod(NS, name)?.context("pod")?;
-            check(name, &network_status(&pod)?, &ns).with_context(|| format!("pod {name}"))?;
             self.sandboxes.borrow_mut().push(sb);
+            let pod = self.api.get_pod(NS, name)?.context("pod")?;
+            if failed.is_none() {
+                failed = network_status(&pod)
+                    .and_then(|st| check(name, &st, &ns))
+                    .with_context(|| format!("pod {name}"))
+                    .err();
+            }
             netns.push(ns);
         }
-        let names: Vec<String> = pods.iter().map(|(n, _)| n.clone()).collect();
+        if let Some(e) = failed {
+            // Leave nothing behind for the next case.
+            let _ = delete_and_wait(
+                &self.api,
+                NS,
+                batch,
+                &names,
+                &netns,
+                Duration::from_secs(60),
+            );
+            return Err(e);
+        }
         let deleted = delete_and_wait(
             &self.api,
             NS,
@@ -624,6 +658,247 @@ impl<'a> Tier<'a> {
             Ok(self.api.list_pods(NS, "down")?.is_empty())
         })?;
         self.wait_clean()
+    }
+
+    /// The DaemonSet's pod itself, as the DaemonSet controller would create it on this node
+    /// (none runs here): its template from the apiserver, `spec.nodeName` set, the hostPath
+    /// volumes pointed at the node's test dirs, and the API address (no kube-proxy here). The
+    /// image `plexus:latest` is built from deploy/install.sh, the host's sh, jq and coreutils and
+    /// the workspace binaries. Checks: the pod gets Ready (its readiness probe), it rewrote the
+    /// kubeconfig with its own projected ServiceAccount token, pods get their networks with it,
+    /// and on delete (SIGTERM) the config stays.
+    fn daemonset_pod(&mut self) -> Result<()> {
+        let work = self.node.path("plexus-image");
+        std::fs::create_dir_all(&work)?;
+        let mut files = image::host_programs(&[
+            "sh",
+            "jq",
+            "cp",
+            "mv",
+            "cmp",
+            "dd",
+            "sha256sum",
+            "cut",
+            "base64",
+            "tr",
+            "mkdir",
+            "rm",
+            "grep",
+            "sleep",
+            "cat",
+            "date",
+            "chmod",
+        ])?;
+        files.push(ImageFile::new(
+            "/install.sh",
+            0o755,
+            std::fs::read(repo("deploy/install.sh"))?,
+        ));
+        for b in ["plexus", "sriov"] {
+            let out = work.join(b);
+            let ok = Command::new("strip")
+                .arg("-o")
+                .arg(&out)
+                .arg(common::bin(b))
+                .status()?
+                .success();
+            ensure!(ok, "strip {b}");
+            files.push(ImageFile::new(
+                &format!("/usr/src/plexus/bin/{b}"),
+                0o755,
+                std::fs::read(&out)?,
+            ));
+        }
+        let tar = work.join("plexus-image.tar");
+        std::fs::write(
+            &tar,
+            image::oci_archive(
+                "docker.io/library/plexus:latest",
+                &files,
+                &["/install.sh"],
+                &["PATH=/bin"],
+            )?,
+        )?;
+        self.node.import_image(&tar)?;
+
+        let cp = self.cp;
+        cp.create_namespace("kube-system")?; // its kube-root-ca.crt, for the projected token
+                                             // These kube-apiserver binaries (openshift/kubernetes source) also project this
+                                             // ConfigMap into every ServiceAccount token volume; no controller creates it here.
+        let ca = json!({"apiVersion":"v1","kind":"ConfigMap",
+            "metadata":{"name":"openshift-service-ca.crt","namespace":"kube-system"},
+            "data":{"service-ca.crt": cp.ca_pem()}});
+        cp.apply(&ca.to_string())?;
+        let ds: Value = serde_json::from_str(&cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "daemonset",
+            "kube-plexus-ds",
+            "-o",
+            "json",
+        ])?)?;
+        let tpl = &ds["spec"]["template"];
+        let mut spec = tpl["spec"].clone();
+        spec["nodeName"] = json!(NODE);
+        for v in spec["volumes"].as_array_mut().context("volumes")? {
+            let host = match v["hostPath"]["path"].as_str() {
+                Some("/opt/cni/bin") => self.node.bin_dir(),
+                Some("/etc/cni/net.d") => self.node.conf_dir(),
+                Some("/var/lib/cni/plexus") => self.node.plexus_dir(),
+                Some("/run/netns") | None => continue,
+                Some(other) => anyhow::bail!("unexpected hostPath {other} in the DaemonSet"),
+            };
+            v["hostPath"]["path"] = json!(host);
+        }
+        let c = &mut spec["containers"][0];
+        let env = c["env"].as_array_mut().context("env")?;
+        for (k, v) in [
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+            ("KUBERNETES_SERVICE_PORT", cp.port().to_string()),
+            (
+                "PLEXUS_HOST_CONF_DIR",
+                self.node.conf_dir().display().to_string(),
+            ),
+            (
+                "PLEXUS_LOG_FILE",
+                self.node.path("plexus.log").display().to_string(),
+            ),
+            (
+                "PLEXUS_EXTRA_CONFIG",
+                json!({"cniDir": self.node.plexus_dir()}).to_string(),
+            ),
+        ] {
+            env.push(json!({"name": k, "value": v}));
+        }
+        let pod = json!({"apiVersion":"v1","kind":"Pod",
+            "metadata":{"name":"kube-plexus-ds-node","namespace":"kube-system",
+                        "labels": tpl["metadata"]["labels"]},
+            "spec": spec});
+        let kubeconfig = self.node.conf_dir().join("plexus.d/plexus.kubeconfig");
+        let before = std::fs::read_to_string(&kubeconfig)?;
+        let t0 = Instant::now();
+        self.api.create_pod(&pod)?;
+        let mut log_at_ready = String::new();
+        let ready = wait_for("the DaemonSet pod Ready", Duration::from_secs(90), || {
+            let p = self.api.get_pod("kube-system", "kube-plexus-ds-node")?;
+            let is_ready = p.is_some_and(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            if is_ready {
+                log_at_ready = self.container_log("kube-system", "kube-plexus-ds-node");
+            }
+            Ok(is_ready)
+        });
+        // Ready means this pod's installer has published (the old config was there all along).
+        let ready = ready.and_then(|()| {
+            ensure!(
+                log_at_ready.contains("plexus-install: ready"),
+                "Ready before its installer published:\n{log_at_ready}"
+            );
+            Ok(())
+        });
+        let ready = ready.and_then(|()| {
+            wait_for(
+                "the installer's watch loop",
+                Duration::from_secs(90),
+                || {
+                    Ok(self
+                        .container_log("kube-system", "kube-plexus-ds-node")
+                        .contains("watching every"))
+                },
+            )
+        });
+        let logs = self.container_log("kube-system", "kube-plexus-ds-node");
+        if let Err(e) = ready {
+            let p = self.api.get_pod("kube-system", "kube-plexus-ds-node")?;
+            let evs = self.api.events("kube-system", "kube-plexus-ds-node")?;
+            let evs: Vec<String> = evs
+                .iter()
+                .map(|e| format!("{} {}: {}", e["type"], e["reason"], e["message"]))
+                .collect();
+            let _ = self.api.delete_pod("kube-system", "kube-plexus-ds-node");
+            return Err(e.context(format!(
+                "status {}\nevents {evs:#?}\ninstaller log:\n{logs}",
+                p.map(|p| p["status"].clone()).unwrap_or_default()
+            )));
+        }
+        println!(
+            "    DaemonSet pod's installer done (watching) {:.1} s after create",
+            t0.elapsed().as_secs_f64()
+        );
+        for l in logs.lines() {
+            println!("      {l}");
+        }
+        let after = std::fs::read_to_string(&kubeconfig)?;
+        ensure!(
+            after != before && logs.contains("wrote"),
+            "the pod's installer did not rewrite the kubeconfig with its own token:\n{logs}"
+        );
+        // plexus now runs with the pod's projected token.
+        self.run_pods(
+            "dspod",
+            &[("ds-net".into(), Some(json!("br-a")))],
+            |_, status, netns| {
+                check_pod_network(status, netns, &[("cbr0", "eth0"), ("app/br-a", "net1")])
+            },
+        )?;
+        // Delete it (a rollout): SIGTERM, exit 0, nothing removed. The kubelet removes the pod's
+        // logs with the pod: keep what was last seen.
+        self.api.delete_pod("kube-system", "kube-plexus-ds-node")?;
+        let (mut last_log, mut exit) = (String::new(), Value::Null);
+        wait_for("the DaemonSet pod gone", Duration::from_secs(60), || {
+            let log = self.container_log("kube-system", "kube-plexus-ds-node");
+            if !log.is_empty() {
+                last_log = log;
+            }
+            match self.api.get_pod("kube-system", "kube-plexus-ds-node")? {
+                Some(p) => {
+                    let t = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+                    if !t.is_null() {
+                        exit = t["exitCode"].clone();
+                    }
+                    Ok(false)
+                }
+                None => Ok(true),
+            }
+        })?;
+        println!(
+            "    DaemonSet pod deleted: exit code {exit}, last log line: {:?}",
+            last_log.lines().last()
+        );
+        ensure!(
+            last_log.contains("the config stays in place") && exit == 0,
+            "no clean SIGTERM exit (exit code {exit}):\n{last_log}"
+        );
+        ensure!(self.node.conf_dir().join("00-plexus.conflist").exists());
+        Ok(())
+    }
+
+    /// The container logs the kubelet wrote for pod `ns/name` (all containers, all restarts).
+    fn container_log(&self, ns: &str, name: &str) -> String {
+        let mut out = String::new();
+        let root = self.node.path("kubelet/pod-logs");
+        let prefix = format!("{ns}_{name}_");
+        for pod_dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if !pod_dir.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            for c in std::fs::read_dir(pod_dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                    out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
+                }
+            }
+        }
+        out
     }
 
     /// A Multus thin config as Multus' README shows it (a delegate with neither `name` nor

@@ -33,8 +33,9 @@
 
 pub mod audit;
 pub mod bins;
-pub mod cri; // node tier (real_node)
+pub mod cri; // node tier (real_node): cri, image, node, pause
 mod https;
+pub mod image;
 pub mod metrics;
 pub mod node;
 pub mod pause;

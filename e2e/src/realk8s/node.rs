@@ -141,7 +141,7 @@ impl<'a> Node<'a> {
         // The pause image.
         let tarball = self.path("pause/pause-oci.tar");
         pause::build_image(&self.path("pause"), &tarball)?;
-        self.ctr(&["images", "import", &tarball.display().to_string()])?;
+        self.import_image(&tarball)?;
         let images = self.ctr(&["images", "ls", "-q"])?;
         if !images.lines().any(|l| l == PAUSE_IMAGE) {
             bail!("{PAUSE_IMAGE} not in containerd after import: {images}");
@@ -332,6 +332,12 @@ nodeStatusUpdateFrequency: 2s
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Import an OCI image tarball into the CRI's image store.
+    pub fn import_image(&self, tarball: &Path) -> Result<()> {
+        self.ctr(&["images", "import", &tarball.display().to_string()])
+            .map(drop)
     }
 
     /// The ready sandbox of pod `uid`: (sandbox ID = CNI container ID, netns path).
