@@ -2,7 +2,9 @@
 # Install what building and running plexus needs on Debian 12 (run as root).
 set -euo pipefail
 # etcd-server, util-linux (setpriv), xz-utils: the real-cluster tiers (kubectl comes from Kubernetes' own repository).
-packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils)
+# containerd, runc, iptables (portmap), libc6-dev (gcc -static: the pause image): the node tier.
+packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils
+  containerd runc iptables libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
