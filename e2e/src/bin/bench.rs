@@ -2,7 +2,9 @@
 //! plugins in real network namespaces:
 //! 1. static mode: plexus ADD/DEL of three networks vs. exec'ing the same three plugins directly;
 //! 2. Kubernetes mode: ADD/DEL of a pod with N extra networks against the test API server, and
-//!    the API requests each made.
+//!    the API requests each made;
+//! 3. daemon mode vs thin mode: per-call overhead, the shim alone, and a simulated node reboot
+//!    (110 pods × 3 networks at once) with the daemon's RSS.
 //!
 //! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]` (as root).
 
@@ -238,6 +240,210 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
     }
 }
 
+/// A `plexus daemon` (static mode) for the benchmark, killed on drop.
+struct BenchDaemon {
+    child: std::process::Child,
+}
+
+impl BenchDaemon {
+    fn start(plexus: &Path, dir: &Path) -> BenchDaemon {
+        let ready = dir.join("daemon.ready");
+        let child = Command::new(plexus)
+            .arg("daemon")
+            .args(["--socket", dir.join("run/plexus.sock").to_str().unwrap()])
+            .args(["--readiness-file", ready.to_str().unwrap()])
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("PLEXUS_LOG_LEVEL", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start plexus daemon");
+        let t = Instant::now();
+        while !ready.exists() {
+            assert!(t.elapsed() < Duration::from_secs(10), "daemon not ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        BenchDaemon { child }
+    }
+
+    /// `VmRSS` and `VmHWM` (peak) of the daemon, KiB.
+    fn rss(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let field = |k: &str| {
+            s.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Daemon mode vs thin mode (static delegates, no API): per-call overhead over the delegates
+/// alone, the shim on its own, and a simulated node reboot (110 pods × 3 networks ADDed
+/// concurrently, then DELed concurrently).
+fn daemon_mode(plexus: &Path, cni_bin: &Path, n: usize) {
+    let e = Env::new();
+    let d = BenchDaemon::start(plexus, e.dir.path());
+    let netns = format!("/run/netns/{}", e.netns);
+    let cni_path = cni_bin.display().to_string();
+    let thin = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
+                      "logLevel":"error","logToStderr":false,"delegates":e.delegates()});
+    let mut daemon = thin.clone();
+    daemon["daemonSocket"] = json!(e.path("run/plexus.sock"));
+    let (mut ta, mut td, mut da, mut dd) = (vec![], vec![], vec![], vec![]);
+    for i in 0..n {
+        for (conf, add, del) in [(&thin, &mut ta, &mut td), (&daemon, &mut da, &mut dd)] {
+            let cid = format!("bench-mode-{i}");
+            let env = |cmd: &'static str| plexus_env(cmd, &cid, &netns, &cni_path, "");
+            let t = Instant::now();
+            let (ok, out) = exec(plexus, &env("ADD"), conf);
+            assert!(ok, "ADD failed: {out}");
+            add.push(t.elapsed());
+            let t = Instant::now();
+            assert!(exec(plexus, &env("DEL"), conf).0);
+            del.push(t.elapsed());
+        }
+    }
+    let (ta, td, da, dd) = (median(ta), median(td), median(da), median(dd));
+    println!("daemon mode vs thin, static delegates (3 networks), median of {n}:");
+    println!(
+        "  ADD  thin {ta:7.2} ms   daemon {da:7.2} ms   daemon - thin {:+6.2} ms",
+        da - ta
+    );
+    println!(
+        "  DEL  thin {td:7.2} ms   daemon {dd:7.2} ms   daemon - thin {:+6.2} ms",
+        dd - td
+    );
+    // The shim on its own: a DEL the daemon answers at once (already deleted).
+    let env = plexus_env("DEL", "bench-mode-0", &netns, &cni_path, "");
+    let mut shim = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        assert!(exec(plexus, &env, &daemon).0);
+        shim.push(t.elapsed());
+    }
+    let mut measure = Command::new(std::env::current_exe().unwrap());
+    measure.arg("--peak-rss-of").arg(plexus);
+    let out = run_with(measure, &env, &daemon);
+    println!(
+        "  shim alone (process + socket round trip, a DEL answered at once): {:.2} ms median, peak RSS {} KiB",
+        median(shim),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    burst(plexus, &e, &d, &thin, &daemon, cni_bin);
+}
+
+/// 110 pods × 3 networks at once, through `conf`; (failures, wall time) of ADD and of DEL.
+fn burst_run(
+    plexus: &Path,
+    e: &Env,
+    conf: &Value,
+    cni_bin: &Path,
+    pods: usize,
+) -> [(usize, f64); 2] {
+    let cni_path = cni_bin.display().to_string();
+    let names: Vec<String> = (0..pods).map(|i| format!("{}b{i}", e.netns)).collect();
+    for n in &names {
+        sh(&["ip", "netns", "add", n]);
+    }
+    let mut out = [(0, 0.0); 2];
+    for (k, cmd) in ["ADD", "DEL"].iter().enumerate() {
+        let t = Instant::now();
+        let failures = std::thread::scope(|sc| {
+            let hs: Vec<_> = names
+                .iter()
+                .map(|n| {
+                    let (cni_path, netns) = (&cni_path, format!("/run/netns/{n}"));
+                    sc.spawn(move || {
+                        let env = plexus_env(cmd, n, &netns, cni_path, "");
+                        exec(plexus, &env, conf)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .filter(|(ok, _)| !ok)
+                .count()
+        });
+        out[k] = (failures, t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let leaked_links: usize = names
+        .iter()
+        .map(|n| {
+            let o = Command::new("ip")
+                .args(["-n", n, "-o", "link"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.contains(" lo:"))
+                .count()
+        })
+        .sum();
+    for n in &names {
+        sh(&["ip", "netns", "del", n]);
+    }
+    assert_eq!(leaked_links, 0, "links left in pod namespaces");
+    out
+}
+
+fn burst(plexus: &Path, e: &Env, d: &BenchDaemon, thin: &Value, daemon: &Value, cni_bin: &Path) {
+    const PODS: usize = 110;
+    // Distinct addresses per pod: host-local for every network.
+    let with_ipam = |conf: &Value| {
+        let mut c = conf.clone();
+        c["delegates"][1]["ipam"] = json!({"type":"host-local","dataDir":e.path("ipam"),"ranges":[[{"subnet":"10.197.0.0/24"}]]});
+        c
+    };
+    let (rest, _) = d.rss();
+    println!("simulated node reboot: {PODS} pods × 3 networks ADDed at once, then DELed at once (daemon: maxConcurrent 8, queue 512):");
+    println!("  daemon RSS at rest before the burst: {rest} KiB");
+    for (name, conf) in [("thin", with_ipam(thin)), ("daemon", with_ipam(daemon))] {
+        let [(af, aw), (df, dw)] = burst_run(plexus, e, &conf, cni_bin, PODS);
+        let leaks = {
+            let mut v: Vec<String> = Vec::new();
+            for sub in ["state/plans", "state/results"] {
+                if let Ok(rd) = std::fs::read_dir(e.path(sub)) {
+                    v.extend(
+                        rd.filter_map(Result::ok)
+                            .map(|x| x.file_name().to_string_lossy().into_owned()),
+                    );
+                }
+            }
+            if let Ok(rd) = std::fs::read_dir(e.path("ipam")) {
+                for net in rd.filter_map(Result::ok) {
+                    if let Ok(leases) = std::fs::read_dir(net.path()) {
+                        v.extend(
+                            leases
+                                .filter_map(Result::ok)
+                                .map(|x| x.file_name().to_string_lossy().into_owned())
+                                .filter(|f| {
+                                    f.contains('.')
+                                        && !f.starts_with("last_reserved")
+                                        && f != "lock"
+                                }),
+                        );
+                    }
+                }
+            }
+            v.len()
+        };
+        println!("  {name:6}  ADD {af} failed, {aw:7.0} ms wall   DEL {df} failed, {dw:7.0} ms wall   leaks (plans, results, leases, links) {leaks}");
+    }
+    let (now, peak) = d.rss();
+    println!("  daemon RSS after: {now} KiB, peak {peak} KiB (VmHWM, whole run)");
+}
+
 /// Peak RSS of plexus itself, in Kubernetes mode over HTTPS with two extra networks whose
 /// delegates are a no-op shell plugin (so the figure is plexus', not a Go delegate's).
 fn memory(plexus: &Path) {
@@ -288,6 +494,7 @@ fn peak_rss_of(bin: &str) -> ! {
 
 fn main() {
     let mut n = 20usize;
+    let mut daemon_only = false;
     let mut plexus = None;
     let mut cni_bin = PathBuf::from("/usr/lib/cni");
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -298,6 +505,7 @@ fn main() {
             "--plexus" => plexus = it.next().map(PathBuf::from),
             "--cni-bin" => cni_bin = it.next().map(PathBuf::from).unwrap_or(cni_bin),
             "--peak-rss-of" => peak_rss_of(it.next().map(String::as_str).unwrap_or("plexus")),
+            "--daemon-only" => daemon_only = true,
             _ => {
                 eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]");
                 std::process::exit(2);
@@ -311,8 +519,13 @@ fn main() {
         plexus.display(),
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
+    if daemon_only {
+        daemon_mode(&plexus, &cni_bin, n);
+        return;
+    }
     static_mode(&plexus, &cni_bin, n);
     kube_mode(&plexus, &cni_bin, n, false);
     kube_mode(&plexus, &cni_bin, n, true);
     memory(&plexus);
+    daemon_mode(&plexus, &cni_bin, n);
 }
