@@ -139,7 +139,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     let timeout = std::env::var("PLEXUS_VM_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(420u64);
+        .unwrap_or(600u64);
     // TCG by default: KVM boots hang on the machines this was built on, and TCG is the same
     // everywhere.
     let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());

@@ -9,7 +9,7 @@
 //! `PLEXUS_VM_TIER`: unset = run when QEMU and the kernel are present, else print how to enable
 //! the tier and pass; `require` = a missing part fails (CI); `skip` = do not run.
 //! `PLEXUS_VM_DIR` (default `target/vm`): where `scripts/vm-kernel.sh` unpacked the kernel.
-//! `PLEXUS_VM_TIMEOUT` (seconds, default 420): the whole VM run, boot included.
+//! `PLEXUS_VM_TIMEOUT` (seconds, default 600): the whole VM run, boot included.
 //! `PLEXUS_VM_CASES=a,b`: run only the cases whose name contains `a` or `b`.
 //! `PLEXUS_VM_ACCEL` (default `tcg`): QEMU accelerator, e.g. `kvm` where KVM works.
 //! `PLEXUS_VM_KEEP=1`: keep `target/vm/run-<pid>` (console log, results) after a passing run.
