@@ -625,9 +625,23 @@ impl<'a> Tier<'a> {
         }
         create_and_wait(&self.api, &manifests, Duration::from_secs(60))?;
         let mut netns = Vec::new();
-        for name in ["down-1", "down-3"] {
+        for (name, expected) in [
+            ("down-1", &[("cbr0", "eth0"), ("app/br-a", "net1")][..]),
+            (
+                "down-3",
+                &[
+                    ("cbr0", "eth0"),
+                    ("app/br-a", "net1"),
+                    ("app/br-b", "net2"),
+                    ("default/mv-c", "net3"),
+                ][..],
+            ),
+        ] {
             let (sb, ns) = self.pod_netns(NS, name)?;
             self.sandboxes.borrow_mut().push(sb);
+            let pod = self.api.get_pod(NS, name)?.context("pod")?;
+            check_pod_network(&network_status(&pod)?, &ns, expected)
+                .with_context(|| format!("pod {name}"))?;
             netns.push(ns);
         }
         for name in ["down-1", "down-3"] {
@@ -640,12 +654,17 @@ impl<'a> Tier<'a> {
             "torn down before the apiserver stopped: the case would not test anything"
         );
         self.cp.stop_apiserver();
+        let stopped = Instant::now();
         let res = (|| {
             wait_for(
                 "the pods' netns gone with the apiserver stopped",
                 Duration::from_secs(30),
                 || Ok(netns.iter().all(|n| !Path::new(n).exists())),
             )?;
+            println!(
+                "    torn down {:.1} s after the apiserver stopped (grace period 3 s)",
+                stopped.elapsed().as_secs_f64()
+            );
             // Nothing left, while the apiserver is still down (DEL needs no API).
             let r = wait_for("nothing left", Duration::from_secs(10), || {
                 Ok(self.leftovers().is_empty())
@@ -654,9 +673,14 @@ impl<'a> Tier<'a> {
         })();
         self.cp.start_apiserver()?;
         res?;
+        let restarted = Instant::now();
         wait_for("the pod objects gone", Duration::from_secs(60), || {
             Ok(self.api.list_pods(NS, "down")?.is_empty())
         })?;
+        println!(
+            "    pod objects gone {:.1} s after the apiserver was back",
+            restarted.elapsed().as_secs_f64()
+        );
         self.wait_clean()
     }
 
