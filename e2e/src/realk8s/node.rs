@@ -210,6 +210,7 @@ state = "{state}"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = "{runc_root}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{bin}"
     conf_dir = "{conf}"
@@ -218,6 +219,7 @@ state = "{state}"
             state = p("containerd/state"),
             sock = p("containerd/containerd.sock"),
             opt = p("containerd/opt"),
+            runc_root = p("containerd/runc"),
             bin = self.bin_dir().display(),
             conf = self.conf_dir().display(),
         )
@@ -417,6 +419,7 @@ nodeStatusUpdateFrequency: 2s
                 .status();
         }
         self.remove_cgroup_root();
+        remove_links_into("/var/log/containers", self.dir.path());
         let _ = self.cp.kubectl(&[
             "delete",
             "node",
@@ -501,6 +504,16 @@ nodeStatusUpdateFrequency: 2s
 impl Drop for Node<'_> {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Remove the symlinks in `dir` that point under `target` (the kubelet links every container's
+/// log into the fixed /var/log/containers).
+fn remove_links_into(dir: &str, target: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(target)) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
