@@ -157,7 +157,7 @@ impl<'a> Rig<'a> {
             format!(
                 "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
                 host.name,
-                bin("sriov").display()
+                bin("sriov-fake-pf").display()
             ),
         )?;
         std::fs::set_permissions(

@@ -55,7 +55,7 @@ impl Rig {
         let wrapper = format!(
             "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
             host.name,
-            bin("sriov").display()
+            bin("sriov-fake-pf").display()
         );
         std::fs::write(bindir.join("sriov"), wrapper).unwrap();
         std::fs::set_permissions(

@@ -7,25 +7,39 @@ use crate::pf::PfVfConfig;
 use crate::sysfs::Sysfs;
 use crate::vf_state::{StateStore, DEFAULT_STATE_DIR};
 
-/// Settings from the process environment (read only by `main.rs`).
+/// The node's settings (read from the environment by the binary's `main`).
 #[derive(Clone, Debug, Default)]
 pub struct Settings {
-    /// `PLEXUS_SYSFS_ROOT`.
+    /// Root of the sysfs tree (`/sys`; `sriov list --sysfs-root`, or a fake tree in tests).
     pub sysfs_root: Option<PathBuf>,
     /// `PLEXUS_SRIOV_STATE_DIR`.
     pub state_dir: Option<PathBuf>,
-    /// `PLEXUS_SRIOV_FAKE_PF`: test-only seam, a JSON VF table file used instead of netlink.
+    /// Test builds only: a JSON VF table file used instead of netlink.
+    #[cfg(feature = "testkit")]
     pub fake_pf: Option<PathBuf>,
 }
 
+fn env_path(env: &impl Fn(&str) -> Option<String>, k: &str) -> Option<PathBuf> {
+    env(k).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
 impl Settings {
-    /// Reads the settings through an environment lookup.
+    /// The shipped binary's settings: only `PLEXUS_SRIOV_STATE_DIR`.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Settings {
-        let path = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Settings {
-            sysfs_root: path("PLEXUS_SYSFS_ROOT"),
-            state_dir: path("PLEXUS_SRIOV_STATE_DIR"),
-            fake_pf: path("PLEXUS_SRIOV_FAKE_PF"),
+            state_dir: env_path(&env, "PLEXUS_SRIOV_STATE_DIR"),
+            ..Settings::default()
+        }
+    }
+
+    /// Test builds: also a fake sysfs tree (`PLEXUS_SYSFS_ROOT`) and the file-backed PF
+    /// (`PLEXUS_SRIOV_FAKE_PF`).
+    #[cfg(feature = "testkit")]
+    pub fn from_test_env(env: impl Fn(&str) -> Option<String>) -> Settings {
+        Settings {
+            sysfs_root: env_path(&env, "PLEXUS_SYSFS_ROOT"),
+            state_dir: env_path(&env, "PLEXUS_SRIOV_STATE_DIR"),
+            fake_pf: env_path(&env, "PLEXUS_SRIOV_FAKE_PF"),
         }
     }
 }

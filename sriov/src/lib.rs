@@ -4,10 +4,12 @@
 
 pub mod add;
 pub mod check;
+pub mod cli;
 pub mod ctx;
 pub mod del;
 pub mod devinfo;
 pub mod error;
+#[cfg(any(test, feature = "testkit"))]
 pub mod fake_sysfs;
 pub mod garp;
 pub mod gc;
@@ -17,6 +19,7 @@ pub mod netconf;
 pub mod nl;
 pub mod owner;
 pub mod pf;
+#[cfg(any(test, feature = "testkit"))]
 pub mod pf_fake;
 pub mod pf_netlink;
 pub mod restore;
@@ -39,13 +42,15 @@ pub struct SriovPlugin {
 }
 
 impl SriovPlugin {
-    /// The PF implementation: the file-backed fake when `PLEXUS_SRIOV_FAKE_PF` is set (test-only
-    /// seam), netlink on the calling thread's netns otherwise.
+    /// The PF implementation: netlink on the calling thread's netns (test builds: the
+    /// file-backed fake when the settings name one).
     pub fn make_pf(settings: &Settings) -> Result<Box<dyn PfVfConfig>, SriovError> {
-        Ok(match &settings.fake_pf {
-            Some(p) => Box::new(pf_fake::FilePf::new(p)),
-            None => Box::new(pf_netlink::NetlinkPf::new(nl::Netlink::open()?)),
-        })
+        #[cfg(feature = "testkit")]
+        if let Some(p) = &settings.fake_pf {
+            return Ok(Box::new(pf_fake::FilePf::new(p)));
+        }
+        let _ = settings;
+        Ok(Box::new(pf_netlink::NetlinkPf::new(nl::Netlink::open()?)))
     }
 
     fn with<T>(

@@ -404,7 +404,7 @@ fn list_shows_vfs_settings_and_holder() {
         &bank_conf("1.0.0", &pci),
     );
     assert!(ok);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sriov"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sriov-fake-pf"))
         .args(["list", "--json"])
         .env("PLEXUS_SYSFS_ROOT", env.sysfs())
         .env("PLEXUS_SRIOV_STATE_DIR", env.state_dir())
@@ -423,7 +423,7 @@ fn list_shows_vfs_settings_and_holder() {
     assert_eq!(rows[0]["config"]["vlan"], 100);
     assert_eq!(rows[1]["driver"], "vfio-pci");
     assert!(rows[1]["containerId"].is_null());
-    let table = std::process::Command::new(env!("CARGO_BIN_EXE_sriov"))
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_sriov-fake-pf"))
         .args(["list", "--sysfs-root"])
         .arg(env.sysfs())
         .args(["--state-dir"])

@@ -23,9 +23,13 @@ pub fn uniq(prefix: &str) -> String {
     )
 }
 
-/// The workspace's target directory binary `name` (built by `cargo build --workspace --bins`).
+/// The workspace's binary `name` as cargo built it for this run (`cargo build --workspace
+/// --bins`, which `scripts/test.sh` runs before the tests). A binary older than any source it
+/// is built from is refused: a stale `target/debug` file never stands in for the code under
+/// test. `PLEXUS_<NAME>_BIN` overrides the path (the VM tier passes it to its guest).
 pub fn bin(name: &str) -> PathBuf {
-    if let Ok(p) = std::env::var(format!("PLEXUS_{}_BIN", name.to_uppercase())) {
+    let var = format!("PLEXUS_{}_BIN", name.to_uppercase().replace('-', "_"));
+    if let Ok(p) = std::env::var(var) {
         return PathBuf::from(p);
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,7 +45,52 @@ pub fn bin(name: &str) -> PathBuf {
         "{} not built: run `cargo build --workspace --bins` first",
         p.display()
     );
+    assert_fresh(&p, &root);
     p
+}
+
+/// Panics when `binary` is older than a source file (`src/`) of a crate it is built from.
+fn assert_fresh(binary: &Path, root: &Path) {
+    let name = binary.file_name().unwrap().to_string_lossy();
+    let crates: &[&str] = if name.starts_with("sriov") {
+        &["conf", "delegates", "sriov"]
+    } else if name == "plexus" || name == "plexus-shim" {
+        &["conf", "delegates", "meta"]
+    } else {
+        &["conf", "delegates", "meta", "e2e"]
+    };
+    fn newest(dir: &Path, best: &mut Option<(std::time::SystemTime, PathBuf)>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.filter_map(Result::ok) {
+            let p = e.path();
+            if p.is_dir() {
+                newest(&p, best);
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "toml") {
+                if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+                    if best.as_ref().is_none_or(|(b, _)| t > *b) {
+                        *best = Some((t, p));
+                    }
+                }
+            }
+        }
+    }
+    let mut best = None;
+    for krate in crates {
+        newest(&root.join(krate).join("src"), &mut best);
+    }
+    let built = std::fs::metadata(binary)
+        .and_then(|m| m.modified())
+        .unwrap();
+    if let Some((t, src)) = best {
+        assert!(
+            built >= t,
+            "{} is older than {}: run `cargo build --workspace --bins` first",
+            binary.display(),
+            src.display()
+        );
+    }
 }
 
 /// Run `ip` with args; stdout.

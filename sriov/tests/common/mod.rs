@@ -241,7 +241,7 @@ impl Env {
             "netns",
             "exec",
             &self.host.name,
-            env!("CARGO_BIN_EXE_sriov"),
+            env!("CARGO_BIN_EXE_sriov-fake-pf"),
         ])
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
