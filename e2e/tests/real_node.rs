@@ -611,6 +611,9 @@ impl<'a> Tier<'a> {
     }
 
     fn deleted_while_apiserver_down(&mut self) -> Result<()> {
+        /// Longer than stopping the apiserver takes (`stop_apiserver` waits up to 10 s for it to
+        /// drain before killing it), so the teardown surely comes after.
+        const GRACE: u64 = 14;
         // The container ignores SIGTERM (PID 1 without a handler): the kubelet's teardown (and
         // so the CNI DEL) comes after the grace period, when the apiserver is already stopped.
         let mut manifests = Vec::new();
@@ -619,7 +622,7 @@ impl<'a> Tier<'a> {
             ("down-3", json!("br-a,br-b,default/mv-c")),
         ] {
             let mut m = manifest(NS, name, NODE, "down", Some(&nets));
-            m["spec"]["terminationGracePeriodSeconds"] = json!(3);
+            m["spec"]["terminationGracePeriodSeconds"] = json!(GRACE);
             m["spec"]["containers"][0]["command"] = json!(["/pause", "ignore-sigterm"]);
             manifests.push(m);
         }
@@ -647,14 +650,30 @@ impl<'a> Tier<'a> {
         for name in ["down-1", "down-3"] {
             self.api.delete_pod(NS, name)?;
         }
-        // Let the kubelet see the deletes, then take the apiserver away before the grace ends.
-        std::thread::sleep(Duration::from_millis(700));
-        ensure!(
-            netns.iter().all(|n| Path::new(n).exists()),
-            "torn down before the apiserver stopped: the case would not test anything"
-        );
+        // Once the kubelet has started killing them (SIGTERM, ignored for the grace period),
+        // take the apiserver away: the CNI DEL comes after that.
+        let kubelet_log = self.node.path("kubelet.log");
+        wait_for(
+            "the kubelet killing both pods",
+            Duration::from_secs(10),
+            || {
+                let log = std::fs::read_to_string(&kubelet_log)?;
+                Ok(["down-1", "down-3"].iter().all(|n| {
+                    log.lines().any(|l| {
+                        l.contains("Killing container with a grace period")
+                            && l.contains(&format!("pod=\"{NS}/{n}\""))
+                    })
+                }))
+            },
+        )?;
+        let t0 = Instant::now();
         self.cp.stop_apiserver();
         let stopped = Instant::now();
+        ensure!(
+            netns.iter().all(|n| Path::new(n).exists()),
+            "torn down before the apiserver was stopped ({:.1} s to stop it): nothing tested",
+            t0.elapsed().as_secs_f64()
+        );
         let res = (|| {
             wait_for(
                 "the pods' netns gone with the apiserver stopped",
@@ -662,7 +681,8 @@ impl<'a> Tier<'a> {
                 || Ok(netns.iter().all(|n| !Path::new(n).exists())),
             )?;
             println!(
-                "    torn down {:.1} s after the apiserver stopped (grace period 3 s)",
+                "    apiserver stopped in {:.1} s; pods torn down {:.1} s later (grace period {GRACE} s)",
+                stopped.duration_since(t0).as_secs_f64(),
                 stopped.elapsed().as_secs_f64()
             );
             // Nothing left, while the apiserver is still down (DEL needs no API).
