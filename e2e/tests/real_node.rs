@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::image::{self, ImageFile};
 use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node, PRIMARY_CONF};
+use plexus_e2e::realk8s::runtime_log;
 use plexus_e2e::realk8s::{bins_or_skip, ControlPlane, K8sBins, Proc, Suite};
 use serde_json::{json, Value};
 
@@ -1062,11 +1063,15 @@ impl<'a> Tier<'a> {
             .collect();
         let (burst_create, burst_delete) =
             self.run_pods(&format!("{label}-b"), &pods, |_, _, _| Ok(()))?;
+        let log = std::fs::read_to_string(self.node.path("containerd.log"))?;
+        let (run, teardown) = runtime_log::sandbox_times(&log, &format!("{label}-s"));
         let t = Timings {
             seq_create: median(&seq_create),
             seq_delete: median(&seq_delete),
             burst_create: median(&burst_create),
             burst_delete: median(&burst_delete),
+            seq_sandbox: median(&run),
+            seq_teardown: median(&teardown),
         };
         println!("    {label}: {t:?}");
         Ok(t)
@@ -1080,6 +1085,10 @@ struct Timings {
     seq_delete: f64,
     burst_create: f64,
     burst_delete: f64,
+    /// containerd's RunPodSandbox (CNI ADD inside), one after another.
+    seq_sandbox: f64,
+    /// containerd's StopPodSandbox until the network is torn down (CNI DEL inside).
+    seq_teardown: f64,
 }
 
 fn print_timings(bare: Option<&Timings>, none: &Timings, one: &Timings) {
@@ -1090,6 +1099,20 @@ fn print_timings(bare: Option<&Timings>, none: &Timings, one: &Timings) {
         println!(
             "    | {name} | {:.0} | {:.0} | {:.0} | {:.0} |",
             t.seq_create, t.seq_delete, t.burst_create, t.burst_delete
+        )
+    };
+    if let Some(b) = bare {
+        row("bridge alone (no plexus)", b);
+    }
+    row("plexus, no extra network", none);
+    row("plexus + 1 bridge NAD", one);
+    println!("\n    inside containerd, one pod at a time (medians in ms, from its log):");
+    println!("    | config | RunPodSandbox (CNI ADD inside) | StopPodSandbox → network torn down (CNI DEL) |");
+    println!("    |---|---|---|");
+    let row = |name: &str, t: &Timings| {
+        println!(
+            "    | {name} | {:.0} | {:.0} |",
+            t.seq_sandbox, t.seq_teardown
         )
     };
     if let Some(b) = bare {

@@ -41,6 +41,7 @@ pub mod node;
 pub mod pause;
 pub mod pki;
 mod proc;
+pub mod runtime_log;
 mod suite;
 
 use std::net::TcpListener;
