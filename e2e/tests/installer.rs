@@ -747,3 +747,22 @@ fn a_foreign_sriov_binary_is_not_replaced_without_consent() {
     .expect("write");
     node.install(&[]);
 }
+
+#[test]
+fn ready_file_is_removed_at_start_and_written_only_after_publishing() {
+    let node = Node::new();
+    let ready = node.path("state/ready");
+    fs::create_dir_all(node.path("state")).expect("mkdir");
+    // Left by an earlier run of the same pod (a container restart keeps its emptyDir).
+    fs::write(&ready, "").expect("stale ready file");
+    let ready_arg = ready.display().to_string();
+    let out = node.run(&["--ready-file", &ready_arg, "--primary-wait", "0"]);
+    assert!(!out.status.success(), "no primary: the install must fail");
+    assert!(!ready.exists(), "a failed run must not leave the node ready");
+
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    let stderr = node.install(&["--ready-file", &ready_arg]);
+    assert!(ready.exists(), "{stderr}");
+    assert!(node.conf("00-plexus.conflist").exists());
+    assert!(stderr.contains("ready ("), "{stderr}");
+}
