@@ -758,7 +758,10 @@ fn ready_file_is_removed_at_start_and_written_only_after_publishing() {
     let ready_arg = ready.display().to_string();
     let out = node.run(&["--ready-file", &ready_arg, "--primary-wait", "0"]);
     assert!(!out.status.success(), "no primary: the install must fail");
-    assert!(!ready.exists(), "a failed run must not leave the node ready");
+    assert!(
+        !ready.exists(),
+        "a failed run must not leave the node ready"
+    );
 
     node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
     let stderr = node.install(&["--ready-file", &ready_arg]);
