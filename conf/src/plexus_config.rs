@@ -176,17 +176,14 @@ impl PlexusConfig {
         if top.contains_key("type") {
             return value;
         }
-        let plugin = top
-            .get("plugins")
-            .and_then(Value::as_array)
-            .and_then(|ps| {
-                ps.iter().find(|p| {
-                    matches!(
-                        p.get("type").and_then(Value::as_str),
-                        Some("plexus" | "multus")
-                    )
-                })
-            });
+        let plugin = top.get("plugins").and_then(Value::as_array).and_then(|ps| {
+            ps.iter().find(|p| {
+                matches!(
+                    p.get("type").and_then(Value::as_str),
+                    Some("plexus" | "multus")
+                )
+            })
+        });
         let Some(Value::Object(plugin)) = plugin else {
             return value;
         };
@@ -301,7 +298,8 @@ mod tests {
 
     #[test]
     fn a_node_conflist_reads_as_its_plexus_plugin() {
-        let list = br#"{"cniVersion":"1.0.0","name":"plexus-cni-network","plugins":[{"type":"plexus",
+        let list =
+            br#"{"cniVersion":"1.0.0","name":"plexus-cni-network","plugins":[{"type":"plexus",
             "clusterNetwork":"/etc/cni/net.d/10-flannel.conflist","logLevel":"warn"}]}"#;
         let c = PlexusConfig::parse(list).unwrap();
         assert_eq!(c.plugin_type, "plexus");

@@ -2,12 +2,13 @@
 //! interface names, with libcni's rules.
 
 use crate::error::{code, CniError};
-use regex::Regex;
-use std::sync::OnceLock;
 
-fn id_regex() -> &'static Regex {
-    static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$").expect("static regex"))
+/// libcni's `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, for container IDs and network names (ASCII only,
+/// as Go's regexp classes are).
+fn is_id(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// Validate `CNI_CONTAINERID` (libcni `ValidateContainerID`).
@@ -15,7 +16,7 @@ pub fn container_id(id: &str) -> Result<(), CniError> {
     if id.is_empty() {
         return Err(CniError::invalid_env("missing CNI_CONTAINERID", ""));
     }
-    if !id_regex().is_match(id) {
+    if !is_id(id) {
         return Err(CniError::invalid_env(
             "invalid CNI_CONTAINERID",
             format!("{id:?} must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"),
@@ -26,7 +27,7 @@ pub fn container_id(id: &str) -> Result<(), CniError> {
 
 /// Validate a network name (libcni `ValidateNetworkName`).
 pub fn network_name(name: &str) -> Result<(), CniError> {
-    if name.is_empty() || !id_regex().is_match(name) {
+    if name.is_empty() || !is_id(name) {
         return Err(CniError::invalid_config(
             "invalid network name",
             format!("{name:?} must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"),
@@ -126,5 +127,13 @@ mod tests {
         assert!(network_name("macvlan-conf").is_ok());
         assert!(network_name("").is_err());
         assert!(network_name("a b").is_err());
+        // The libcni pattern, character by character: ASCII letters and digits first, then
+        // also `_`, `.` and `-`; nothing else (no Unicode letters, no `/`, `:` or spaces).
+        for ok in ["a", "0", "Z9_.-", "cbr0", "k8s-pod-network"] {
+            assert!(is_id(ok), "{ok}");
+        }
+        for bad in ["", "_a", ".a", "-a", "a/b", "a:b", "é", "aé", "a\n"] {
+            assert!(!is_id(bad), "{bad:?}");
+        }
     }
 }

@@ -3,10 +3,8 @@
 
 use crate::error::{code, CniError};
 use crate::{limits, validate};
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use std::sync::OnceLock;
 
 /// The annotation listing a pod's extra networks.
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
@@ -73,9 +71,12 @@ pub struct NetworkSelection {
     pub ipam_claim_reference: Option<String>,
 }
 
-fn dns_label() -> &'static Regex {
-    static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("static regex"))
+/// `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`: a DNS label's characters (length is checked elsewhere).
+fn is_dns_label(s: &str) -> bool {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    s.chars().next().is_some_and(ok)
+        && s.chars().last().is_some_and(ok)
+        && s.chars().all(|c| ok(c) || c == '-')
 }
 
 fn bad(annotation: &str, details: impl Into<String>) -> CniError {
@@ -100,14 +101,14 @@ impl NetworkSelection {
     }
 
     fn validate(&self, annotation: &str) -> Result<(), CniError> {
-        if !dns_label().is_match(&self.name) {
+        if !is_dns_label(&self.name) {
             return Err(bad(
                 annotation,
                 format!("network name {:?} is not a DNS-1123 label", self.name),
             ));
         }
         if let Some(ns) = self.namespace.as_deref().filter(|n| !n.is_empty()) {
-            if !dns_label().is_match(ns) {
+            if !is_dns_label(ns) {
                 return Err(bad(
                     annotation,
                     format!("namespace {ns:?} is not a DNS-1123 label"),
@@ -394,5 +395,15 @@ mod tests {
                 && !is_pci_address("0000:af:06.8")
                 && !is_pci_address("af:06.1")
         );
+    }
+
+    #[test]
+    fn dns_labels_character_by_character() {
+        for ok in ["a", "0", "db", "kube-system", "a1-b2"] {
+            assert!(is_dns_label(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "é"] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
     }
 }
