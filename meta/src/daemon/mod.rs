@@ -50,6 +50,11 @@ pub struct DaemonConfig {
     pub drain_seconds: u64,
     /// Total time budget for one API read (pod GET on a cache miss), ms.
     pub api_timeout_ms: u64,
+    /// The daemon's log level; empty: `$PLEXUS_LOG_LEVEL`, else `info`.
+    pub log_level: String,
+    /// A log file (appended, 0600, rotated at 100 MB, 5 kept) besides stderr; empty: stderr
+    /// only. The CNI config's `logFile` is the shim's and the in-process fallbacks' log.
+    pub log_file: String,
 }
 
 impl Default for DaemonConfig {
@@ -65,6 +70,8 @@ impl Default for DaemonConfig {
             readiness_file: String::new(),
             drain_seconds: 30,
             api_timeout_ms: 2500,
+            log_level: String::new(),
+            log_file: String::new(),
         }
     }
 }
@@ -72,7 +79,8 @@ impl Default for DaemonConfig {
 const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
-                     [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]";
+                     [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
+                     [--log-level LEVEL] [--log-file PATH]";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).
@@ -100,6 +108,8 @@ impl DaemonConfig {
                 "--metrics-address" => cfg.metrics_address = val()?,
                 "--readiness-file" => cfg.readiness_file = val()?,
                 "--drain-seconds" => cfg.drain_seconds = num(val()?)?,
+                "--log-level" => cfg.log_level = val()?,
+                "--log-file" => cfg.log_file = val()?,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -179,6 +189,22 @@ fn serve_one(shared: &Shared, req: Request) -> Response {
     }
 }
 
+/// The daemon's logging: stderr (the container's log) always, its own file when set.
+fn log_options(cfg: &DaemonConfig) -> plexus_delegates::logging::LogOptions {
+    let level = if cfg.log_level.is_empty() {
+        std::env::var("PLEXUS_LOG_LEVEL").unwrap_or_else(|_| "info".into())
+    } else {
+        cfg.log_level.clone()
+    };
+    plexus_delegates::logging::LogOptions {
+        level,
+        file: (!cfg.log_file.is_empty()).then(|| PathBuf::from(&cfg.log_file)),
+        to_stderr: true,
+        max_size_mb: 100,
+        max_backups: 5,
+    }
+}
+
 async fn build_client(cfg: &DaemonConfig) -> Result<Option<KubeClient>, String> {
     let opts = ClientOptions {
         retry: RetryPolicy {
@@ -207,13 +233,7 @@ pub fn main(argv: &[String]) -> i32 {
             return 2;
         }
     };
-    plexus_delegates::logging::init(&plexus_delegates::logging::LogOptions {
-        level: std::env::var("PLEXUS_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
-        file: None,
-        to_stderr: true,
-        max_size_mb: 100,
-        max_backups: 5,
-    });
+    plexus_delegates::logging::init(&log_options(&cfg));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("plexus-async")
@@ -349,5 +369,11 @@ mod tests {
         assert_eq!(c.pod_wait_ms, 1000);
         assert!(DaemonConfig::from_args(&args(&["--max-concurrent", "0"])).is_err());
         assert!(DaemonConfig::from_args(&args(&["--bogus"])).is_err());
+        let c = DaemonConfig::from_args(&args(&["--log-file", "/l/d.log", "--log-level", "debug"]))
+            .unwrap();
+        let o = log_options(&c);
+        assert_eq!(o.file, Some(PathBuf::from("/l/d.log")));
+        assert_eq!((o.level.as_str(), o.to_stderr), ("debug", true));
+        assert_eq!(log_options(&DaemonConfig::default()).file, None);
     }
 }
