@@ -92,7 +92,7 @@ pub fn fetch_pod(
     match got {
         Ok(Some(pod)) => Ok(Some(PodInfo::from_pod(&pod, id))),
         Ok(None) => {
-            tracing::warn!(pod = %id.key(), "pod not found (deleted during ADD?): attaching the default network only");
+            tracing::warn!(pod = %id.key(), "pod not found (already deleted?): only the default network and the static config are known for it");
             Ok(None)
         }
         Err(e) => Err(CniError::new(
