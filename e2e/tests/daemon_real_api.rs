@@ -3,8 +3,11 @@
 //! they are) watches the node's pods and the NADs; the `plexus` shim forwards CNI calls to it.
 //! Checks: readiness after the first sync, ADD = the network-status PATCH (+ one event) and
 //! DEL = 0 requests once cached, a pod created right before its ADD, the API down with a warm
-//! cache (the status converges once it is back), and a daemon restart. Prints ADD/DEL times
-//! next to thin mode's (not asserted). Skipped (and passing) without `PLEXUS_K8S_BIN`.
+//! cache (the status converges once it is back), a daemon restart, a NAD changed between ADD
+//! and DEL (DEL uses the plan), and watch semantics: a pod listed by the initial LIST, a dropped
+//! watch reconnecting (apiserver stopped and started), and a 410 Gone relist (etcd compacted
+//! while the watch was down, a pod deleted behind its back). Prints ADD times (not asserted).
+//! Skipped (and passing) without `PLEXUS_K8S_BIN`.
 
 mod common;
 
@@ -44,6 +47,20 @@ fn main() -> ExitCode {
         api_down_warm_cache(&node)
     });
     suite.case("daemon_restarted_between_add_and_del", || restarted(&node));
+    suite.case("nad_changed_between_add_and_del_del_uses_the_plan", || {
+        nad_changed(&node)
+    });
+    suite.case(
+        "watch_initial_list_serves_a_pod_created_before_the_daemon",
+        || initial_list(&node),
+    );
+    suite.case(
+        "watch_dropped_reconnects_and_keeps_serving_from_the_cache",
+        || dropped_watch(&node),
+    );
+    suite.case("watch_410_gone_after_an_etcd_compaction_relists", || {
+        gone_relist(&node)
+    });
     drop(node);
     suite.finish()
 }
@@ -70,6 +87,7 @@ struct Node<'a> {
     dir: tempfile::TempDir,
     bridge: HostLink,
     master: HostLink,
+    metrics_port: u16,
 }
 
 impl<'a> Node<'a> {
@@ -92,6 +110,7 @@ impl<'a> Node<'a> {
             dir,
             bridge: HostLink::bridge_name(),
             master: HostLink::veth_master(),
+            metrics_port: plexus_e2e::realk8s::free_port()?,
         };
         n.nad("mv-a", "10.171.1.0/24")?;
         Ok(n)
@@ -110,6 +129,10 @@ impl<'a> Node<'a> {
             .args(["--kubeconfig", self.path("kubeconfig").to_str().unwrap()])
             .args(["--node", NODE])
             .args(["--readiness-file", ready.to_str().unwrap()])
+            .args([
+                "--metrics-address",
+                &format!("127.0.0.1:{}", self.metrics_port),
+            ])
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
             .stderr(
@@ -144,7 +167,12 @@ impl<'a> Node<'a> {
     }
 
     fn nad(&self, name: &str, subnet: &str) -> Result<()> {
-        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":self.master.0,"mode":"bridge",
+        self.nad_on(name, &self.master.0, subnet)
+    }
+
+    /// A macvlan NAD on `master` with host-local leases in the node's ipam dir.
+    fn nad_on(&self, name: &str, master: &str, subnet: &str) -> Result<()> {
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master,"mode":"bridge",
             "ipam":{"type":"host-local","dataDir":self.path("ipam"),"ranges":[[{"subnet":subnet}]]}});
         let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
             "metadata":{"name":name,"namespace":"db"},"spec":{"config":cfg.to_string()}});
@@ -152,8 +180,42 @@ impl<'a> Node<'a> {
     }
 
     fn pod(&self, name: &str) -> Result<String> {
+        self.pod_with(name, "mv-a")
+    }
+
+    /// Sum of the daemon's `/metrics` series `name` whose labels contain all of `labels`.
+    fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body
+            .lines()
+            .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// Pods in the daemon's cache.
+    fn cached_pods(&self) -> Result<f64> {
+        self.metric("plexus_cache_objects", &["pods"])
+    }
+
+    /// Wait until `f` holds (`what` names it in the error).
+    fn wait(&self, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+        let t = Instant::now();
+        while !f() {
+            ensure!(t.elapsed() < timeout, "{what}: not after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Create pod `name` in `db` on the node with `networks`; its UID.
+    fn pod_with(&self, name: &str, networks: &str) -> Result<String> {
         let pod = json!({"apiVersion":"v1","kind":"Pod",
-            "metadata":{"name":name,"namespace":"db","annotations":{"k8s.v1.cni.cncf.io/networks":"mv-a"}},
+            "metadata":{"name":name,"namespace":"db","annotations":{"k8s.v1.cni.cncf.io/networks":networks}},
             "spec":{"nodeName":NODE,"automountServiceAccountToken":false,
                 "containers":[{"name":"c","image":"local/pause:1"}]}});
         self.cp
@@ -369,5 +431,178 @@ fn restarted(node: &Node<'_>) -> Result<()> {
         ns.links()
     );
     ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
+}
+
+fn gets(c: &RequestCounts) -> u64 {
+    c.iter()
+        .filter(|(k, _)| k.verb == "GET")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn nad_changed(node: &Node<'_>) -> Result<()> {
+    let _d = node.start_daemon()?;
+    node.nad("mv-chg", "10.171.5.0/24")?;
+    let uid = node.pod_with("d5", "mv-chg")?;
+    wait_cached(node, "d5");
+    let ns = Netns::new();
+    let r = node.call("ADD", "d5", &uid, &ns.path(), &json!({}));
+    ensure!(r.code == 0, "ADD failed: {} {}", r.out, r.stderr);
+    ensure!(ns.links().contains(&"net1".to_string()), "net1 attached");
+    // The NAD now names a master that does not exist and another range: a DEL that re-read it
+    // could not find the lease it has to release.
+    node.nad_on("mv-chg", "pxnomaster0", "10.171.6.0/24")?;
+    std::thread::sleep(Duration::from_millis(500));
+    let (r, del) = node.counted(|| node.call("DEL", "d5", &uid, &ns.path(), &json!({})))?;
+    ensure!(
+        r.code == 0 && del.is_empty(),
+        "DEL: {} {}",
+        r.out,
+        shown(&del)
+    );
+    ensure!(
+        ns.links().iter().all(|l| l == "lo"),
+        "links {:?}",
+        ns.links()
+    );
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    node.cp
+        .kubectl(&["-n", "db", "delete", "net-attach-def", "mv-chg"])?;
+    Ok(())
+}
+
+fn initial_list(node: &Node<'_>) -> Result<()> {
+    let uid = node.pod("w1")?;
+    // Ready means both watches listed: the pod must come from that LIST.
+    let _d = node.start_daemon()?;
+    let ns = Netns::new();
+    let (r, add) = node.counted(|| node.call("ADD", "w1", &uid, &ns.path(), &json!({})))?;
+    ensure!(r.code == 0, "ADD failed: {} {}", r.out, r.stderr);
+    ensure!(
+        gets(&add) == 0,
+        "pod not from the initial list: {}",
+        shown(&add)
+    );
+    ensure!(
+        node.metric("plexus_cache_misses_total", &[])? == 0.0,
+        "cache misses"
+    );
+    node.call("DEL", "w1", &uid, &ns.path(), &json!({})).ok();
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
+}
+
+fn dropped_watch(node: &Node<'_>) -> Result<()> {
+    let _d = node.start_daemon()?;
+    let before = node.cached_pods()?;
+    node.cp.stop_apiserver();
+    std::thread::sleep(Duration::from_secs(2));
+    node.cp.start_apiserver()?;
+    // A pod created after the reconnection reaches the cache through the new watch.
+    let uid = node.pod("w2")?;
+    node.wait("w2 in the cache", Duration::from_secs(30), || {
+        node.cached_pods().unwrap_or(0.0) > before
+    })?;
+    let restarts = node.metric("plexus_watch_restarts_total", &["pods"])?;
+    ensure!(restarts >= 1.0, "watch restarts: {restarts}");
+    let ns = Netns::new();
+    let (r, add) = node.counted(|| node.call("ADD", "w2", &uid, &ns.path(), &json!({})))?;
+    ensure!(r.code == 0, "ADD failed: {} {}", r.out, r.stderr);
+    ensure!(gets(&add) == 0, "ADD read the API: {}", shown(&add));
+    println!("    watch restarts counted while the apiserver was down: {restarts}");
+    node.call("DEL", "w2", &uid, &ns.path(), &json!({})).ok();
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
+}
+
+/// The harness' etcd client URL (from the etcd process' command line).
+fn etcd_url(cp: &ControlPlane) -> Result<String> {
+    let want = format!("--data-dir={}", cp.etcd_dir().join("data").display());
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.contains(&want) {
+            if let Some(u) = args
+                .iter()
+                .find_map(|a| a.strip_prefix("--listen-client-urls="))
+            {
+                return Ok(u.split(',').next().unwrap_or(u).to_string());
+            }
+        }
+    }
+    anyhow::bail!("no etcd process with {want}")
+}
+
+/// POST a JSON body to etcd's v3 HTTP gateway.
+fn etcd_post(url: &str, path: &str, body: &Value) -> Result<Value> {
+    let out = Command::new("curl")
+        .args(["-sS", "--fail", "-X", "POST", "-d", &body.to_string()])
+        .arg(format!("{url}{path}"))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "etcd {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn gone_relist(node: &Node<'_>) -> Result<()> {
+    use base64::Engine as _;
+    let _d = node.start_daemon()?;
+    let empty = node.cached_pods()?;
+    let _uid = node.pod("w3")?;
+    node.wait("w3 cached", Duration::from_secs(10), || {
+        node.cached_pods().unwrap_or(0.0) > empty
+    })?;
+    let before = node.cached_pods()?;
+    let url = etcd_url(node.cp)?;
+    let gone_errors = || {
+        let log = std::fs::read_to_string(node.path("daemon.log")).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.contains("watch failed"))
+            .filter(|l| l.contains("410") || l.contains("Expired") || l.contains("too old"))
+            .count()
+    };
+    let gone_before = gone_errors();
+    node.cp.stop_apiserver();
+    // Behind the watch's back: the pod's key deleted and every older revision compacted, so
+    // the resourceVersion the daemon resumes from is gone (410) and only a relist sees it.
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let del = etcd_post(
+        &url,
+        "/v3/kv/deleterange",
+        &json!({"key": b64("/registry/pods/db/w3")}),
+    );
+    let compacted = del.as_ref().ok().and_then(|d| {
+        let rev = d["header"]["revision"].as_str()?.to_string();
+        etcd_post(
+            &url,
+            "/v3/kv/compaction",
+            &json!({"revision": rev, "physical": true}),
+        )
+        .ok()
+    });
+    node.cp.start_apiserver()?;
+    let del = del?;
+    ensure!(del["deleted"] == "1", "etcd delete: {del}");
+    ensure!(compacted.is_some(), "etcd compaction failed");
+    node.wait(
+        "the relist dropped the pod deleted behind the watch",
+        Duration::from_secs(30),
+        || node.cached_pods().unwrap_or(before) < before,
+    )?;
+    let gone = gone_errors() - gone_before;
+    ensure!(
+        gone >= 1,
+        "no 410 Gone/Expired watch error in the daemon's log"
+    );
+    println!("    410/Expired watch errors logged by the daemon: {gone}, then a relist");
     Ok(())
 }
