@@ -61,6 +61,9 @@ fn main() -> ExitCode {
     suite.case("watch_410_gone_after_an_etcd_compaction_relists", || {
         gone_relist(&node)
     });
+    suite.case("rss_with_110_pods_and_1000_nads_cached", || {
+        rss_with_caches(&node)
+    });
     drop(node);
     suite.finish()
 }
@@ -605,4 +608,85 @@ fn gone_relist(node: &Node<'_>) -> Result<()> {
     );
     println!("    410/Expired watch errors logged by the daemon: {gone}, then a relist");
     Ok(())
+}
+
+/// `VmRSS` and `VmHWM` of a process, KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| {
+        s.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The memory figure: the daemon at rest with a full node (110 pods) and 1,000 NADs
+/// in its caches (printed; the target is checked against a release build in docs/daemon.md).
+fn rss_with_caches(node: &Node<'_>) -> Result<()> {
+    const PODS: usize = 110;
+    const NADS: usize = 1000;
+    node.cp.create_namespace("bulk")?;
+    let d = node.start_daemon()?;
+    let (pods0, nads0) = (
+        node.cached_pods()?,
+        node.metric("plexus_cache_objects", &["network"])?,
+    );
+    let (rest0, _) = rss_kib(d.child.id());
+    let nad_cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":"eth9","mode":"bridge",
+        "ipam":{"type":"host-local","ranges":[[{"subnet":"10.200.0.0/16"}]]}})
+    .to_string();
+    let nads: Vec<Value> = (0..NADS)
+        .map(|i| {
+            json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+            "metadata":{"name":format!("bulk-{i}"),"namespace":"bulk"},"spec":{"config":nad_cfg}})
+        })
+        .collect();
+    let pods: Vec<Value> = (0..PODS)
+        .map(|i| json!({"apiVersion":"v1","kind":"Pod",
+            "metadata":{"name":format!("bulk-{i}"),"namespace":"bulk",
+                "labels":{"app":"bulk","pod-template-hash":"5d8f7c9b6d"},
+                "annotations":{"k8s.v1.cni.cncf.io/networks":"bulk-1, bulk-2@net2, bulk-3"}},
+            "spec":{"nodeName":NODE,"automountServiceAccountToken":false,
+                "containers":[{"name":"c","image":"local/pause:1","env":[{"name":"A","value":"b"}]}]}}))
+        .collect();
+    let list =
+        |items: Vec<Value>| json!({"apiVersion":"v1","kind":"List","items":items}).to_string();
+    node.cp
+        .kubectl_stdin(&["create", "-f", "-", "-o", "name"], Some(&list(nads)))?;
+    node.cp
+        .kubectl_stdin(&["create", "-f", "-", "-o", "name"], Some(&list(pods)))?;
+    let full = node.wait("caches filled", Duration::from_secs(60), || {
+        node.cached_pods().unwrap_or(0.0) >= pods0 + PODS as f64
+            && node
+                .metric("plexus_cache_objects", &["network"])
+                .unwrap_or(0.0)
+                >= nads0 + NADS as f64
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let (rest, peak) = rss_kib(d.child.id());
+    println!(
+        "    daemon RSS: {rest0} KiB before, {rest} KiB with {PODS} pods and {NADS} NADs cached (VmHWM {peak} KiB)"
+    );
+    let _ = node.cp.kubectl(&[
+        "-n",
+        "bulk",
+        "delete",
+        "pods",
+        "--all",
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
+    let _ = node.cp.kubectl(&[
+        "-n",
+        "bulk",
+        "delete",
+        "net-attach-def",
+        "--all",
+        "--wait=false",
+    ]);
+    full
 }
