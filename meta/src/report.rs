@@ -66,6 +66,11 @@ pub fn event(
         ns: p.id.namespace.clone(),
         name: p.id.name.clone(),
         uid: p.id.uid.clone(),
+        node: p
+            .claims
+            .as_ref()
+            .map(|c| c.node_name.clone())
+            .unwrap_or_default(),
     };
     let (client, reason, msg) = (client.clone(), reason.to_string(), msg.to_string());
     let fut = async move {

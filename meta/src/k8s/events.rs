@@ -36,6 +36,10 @@ pub struct PodRef {
     pub name: String,
     /// Pod UID.
     pub uid: String,
+    /// The pod's node (`spec.nodeName`), when known: the event's `source.host` and
+    /// `reportingInstance`, so an admission policy can check that a node reports only as
+    /// itself. Empty: the client's `reporting_instance` (the host name).
+    pub node: String,
 }
 
 /// Event type.
@@ -100,6 +104,11 @@ pub fn build_event(
     instance: &str,
     now: Timestamp,
 ) -> Event {
+    let instance = if pod.node.is_empty() {
+        instance
+    } else {
+        &pod.node
+    };
     Event {
         metadata: ObjectMeta {
             name: Some(event_name(&pod.name, now)),
@@ -174,7 +183,35 @@ mod tests {
             ns: "ns1".into(),
             name: "p1".into(),
             uid: "u1".into(),
+            node: String::new(),
         }
+    }
+
+    #[test]
+    fn a_known_node_is_the_reporting_instance() {
+        let on_node = PodRef {
+            node: "worker-7".into(),
+            ..pod()
+        };
+        let e = build_event(
+            &on_node,
+            EventType::Normal,
+            "r",
+            "m",
+            "host-a",
+            Timestamp::now(),
+        );
+        assert_eq!(e.reporting_instance.as_deref(), Some("worker-7"));
+        assert_eq!(e.source.unwrap().host.as_deref(), Some("worker-7"));
+        let e = build_event(
+            &pod(),
+            EventType::Normal,
+            "r",
+            "m",
+            "host-a",
+            Timestamp::now(),
+        );
+        assert_eq!(e.reporting_instance.as_deref(), Some("host-a"));
     }
 
     #[tokio::test]
