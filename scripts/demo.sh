@@ -10,8 +10,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-cargo build --release --locked -p plexus-meta -p plexus-e2e --bins 2>&1 | tail -1
-BIN=$PWD/target/release
+# A dev build (a few minutes on a fresh machine; the release profile's fat LTO takes far longer
+# and changes nothing the demo shows).
+cargo build --locked -p plexus-meta -p plexus-e2e --bins 2>&1 | tail -1
+BIN=$PWD/target/debug
 W=$(mktemp -d /tmp/plexus-demo.XXXXXX)
 NS=plexus-demo
 API_PID=
