@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use common::*;
-use plexus_e2e::realk8s::{bins_or_skip, metrics, ControlPlane, RequestCounts, Suite};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, metrics, setup_or_report, ControlPlane, RequestCounts, Suite,
+};
 use serde_json::{json, Value};
 
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
@@ -25,16 +27,11 @@ const NODE: &str = "plexus-daemon-node";
 const RESOURCES: &[&str] = &["pods", "events", "network-attachment-definitions"];
 
 fn main() -> ExitCode {
-    let Some(bins) = bins_or_skip() else {
+    let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let cp = ControlPlane::start(&bins).expect("start control plane");
-    let node = match Node::new(&cp) {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("daemon_real_api setup failed: {e:#}");
-            return ExitCode::FAILURE;
-        }
+    let Some(node) = setup_or_report("daemon_real_api", &cp, Node::new(&cp)) else {
+        return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("daemon_real_api");
     suite.case("add_is_one_patch_and_one_event_del_is_zero", || {

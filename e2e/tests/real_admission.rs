@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::{ensure, Context, Result};
 use common::raw_api::{answer, kube_client};
 use common::*;
-use plexus_e2e::realk8s::{bins_or_skip, ControlPlane, Suite};
+use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, Suite};
 use serde_json::{json, Value};
 
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
@@ -21,19 +21,11 @@ const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 const OTHER_NODE: &str = "other-node";
 
 fn main() -> ExitCode {
-    let Some(bins) = bins_or_skip() else {
+    let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let cp = ControlPlane::start(&bins).expect("start control plane");
-    let rig = match Rig::new(&cp) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!(
-                "real_admission setup failed: {e:#}\n{}",
-                plexus_e2e::realk8s::tail(&cp.apiserver_log(), 30)
-            );
-            return ExitCode::FAILURE;
-        }
+    let Some(rig) = setup_or_report("real_admission", &cp, Rig::new(&cp)) else {
+        return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_admission");
     suite.case("plexus_attaches_a_pod_on_its_own_node", || own_node(&rig));

@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use anyhow::{ensure, Context, Result};
 use common::raw_api::{answer, kube_client};
 use common::*;
-use plexus_e2e::realk8s::{bins_or_skip, metrics, ControlPlane, RequestCounts, RequestKey, Suite};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, metrics, setup_or_report, ControlPlane, RequestCounts, RequestKey, Suite,
+};
 use serde_json::{json, Value};
 
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
@@ -23,19 +25,11 @@ const PLEXUS_USER: &str = "system:serviceaccount:kube-system:plexus";
 const RESOURCES: &[&str] = &["pods", "events", "network-attachment-definitions"];
 
 fn main() -> ExitCode {
-    let Some(bins) = bins_or_skip() else {
+    let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let cp = ControlPlane::start(&bins).expect("start control plane");
-    let node = match Node::new(&cp) {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!(
-                "real_api setup failed: {e:#}\n{}",
-                plexus_e2e::realk8s::tail(&cp.apiserver_log(), 20)
-            );
-            return ExitCode::FAILURE;
-        }
+    let Some(node) = setup_or_report("real_api", &cp, Node::new(&cp)) else {
+        return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_api");
     suite.case(

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::{ensure, Context, Result};
 use common::*;
-use plexus_e2e::realk8s::{bins_or_skip, metrics, ControlPlane, Suite};
+use plexus_e2e::realk8s::{control_plane_or_skip, metrics, setup_or_report, ControlPlane, Suite};
 use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
 use plexus_sriov::pf_fake::{FakePfState, FilePf};
 use serde_json::{json, Value};
@@ -39,19 +39,11 @@ const RES_A: &str = "intel.com/sriov_a";
 const RES_B: &str = "intel.com/sriov_b";
 
 fn main() -> ExitCode {
-    let Some(bins) = bins_or_skip() else {
+    let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let cp = ControlPlane::start(&bins).expect("start control plane");
-    let rig = match Rig::new(&cp) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!(
-                "real_dra setup failed: {e:#}\n{}",
-                plexus_e2e::realk8s::tail(&cp.apiserver_log(), 30)
-            );
-            return ExitCode::FAILURE;
-        }
+    let Some(rig) = setup_or_report("real_dra", &cp, Rig::new(&cp)) else {
+        return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_dra");
     suite.case(
@@ -503,17 +495,17 @@ fn dra_kubelet_named(rig: &Rig<'_>) -> Result<()> {
     std::fs::remove_file(rig.p("no-kubelet.sock")).ok();
     ensure!(add.code == 0, "ADD failed: {} {}", add.out, add.stderr);
     ensure!(del.code == 0, "DEL failed: {} {}", del.out, del.stderr);
-    let get_claims = counts
-        .iter()
-        .filter(|(k, _)| k.resource == "resourceclaims" && k.verb == "GET")
-        .map(|(_, v)| v)
-        .sum::<u64>();
-    let list_slices = counts
-        .iter()
-        .filter(|(k, _)| k.resource == "resourceslices")
-        .map(|(_, v)| v)
-        .sum::<u64>();
-    ensure!(get_claims == 0 && list_slices == 1, "{counts:?}");
+    let of = |resource: &str, verb: &str| -> u64 {
+        counts
+            .iter()
+            .filter(|(k, _)| k.resource == resource && k.verb == verb)
+            .map(|(_, v)| v)
+            .sum()
+    };
+    ensure!(
+        of("resourceclaims", "GET") == 0 && of("resourceslices", "LIST") == 1,
+        "{counts:?}"
+    );
     rig.assert_clean(&before_pf, "kubelet-named")?;
     rig.delete("pod", "pg-named");
     rig.delete("resourceclaim", "pg-named");

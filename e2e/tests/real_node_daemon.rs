@@ -29,7 +29,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node};
-use plexus_e2e::realk8s::{bins_or_skip, free_port, ControlPlane, K8sBins, Proc, Suite};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
+};
 use serde_json::{json, Value};
 
 use api::Api;
@@ -39,16 +41,12 @@ const NS: &str = "app";
 const NODE: &str = "plexus-dnode";
 
 fn main() -> ExitCode {
-    let Some(bins) = bins_or_skip() else {
+    let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let cp = ControlPlane::start(&bins).expect("start control plane");
-    let mut tier = match Tier::start(&cp, &bins) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("real_node_daemon setup failed: {e:#}");
-            return ExitCode::FAILURE;
-        }
+    let Some(mut tier) = setup_or_report("real_node_daemon", &cp, Tier::start(&cp, cp.bins()))
+    else {
+        return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_node_daemon");
     let installed = tier.install();

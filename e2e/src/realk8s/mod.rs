@@ -58,7 +58,7 @@ pub use bins::K8sBins;
 pub use metrics::{RequestCounts, RequestKey};
 pub use pki::CertPair;
 pub use proc::Proc;
-pub use suite::{bins_or_skip, Suite};
+pub use suite::{bins_or_skip, control_plane_or_skip, setup_or_report, Suite};
 
 use https::HttpsGet;
 use pki::Ca;

@@ -36,6 +36,32 @@ pub fn bins_or_skip() -> Option<K8sBins> {
     }
 }
 
+/// A started control plane for a tier, or `None` after printing the skip message (see
+/// [`bins_or_skip`]). Panics (the target fails) when it cannot start.
+pub fn control_plane_or_skip() -> Option<super::ControlPlane> {
+    let bins = bins_or_skip()?;
+    Some(super::ControlPlane::start(&bins).expect("start control plane"))
+}
+
+/// The tier's setup, or `None` after printing why it failed, with the API server's last log
+/// lines (the tier then exits with a failure).
+pub fn setup_or_report<T>(
+    tier: &str,
+    cp: &super::ControlPlane,
+    setup: anyhow::Result<T>,
+) -> Option<T> {
+    match setup {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!(
+                "{tier} setup failed: {e:#}\n{}",
+                super::tail(&cp.apiserver_log(), 30)
+            );
+            None
+        }
+    }
+}
+
 /// Sequential cases with a summary.
 pub struct Suite {
     name: String,
