@@ -73,6 +73,7 @@ impl ResultCache {
 
     /// Store an entry (atomic, 0600 in a 0700 directory).
     pub fn store(&self, entry: &CachedAttachment) -> Result<(), CniError> {
+        let _phase = crate::timing::phase("result_cache");
         let p = self.path(&entry.network_name, &entry.container_id, &entry.if_name);
         let bytes = serde_json::to_vec(entry)
             .map_err(|e| CniError::internal("failed to encode cache entry", e.to_string()))?;

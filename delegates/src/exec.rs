@@ -110,6 +110,7 @@ pub fn exec_plugin(
         .unwrap_or_default();
     let ctx = format!("plugin {name} {}", verb.as_str());
     let started = Instant::now();
+    let _phase = crate::timing::phase("delegates");
     let finished = run(binary, verb, env, stdin, timeout).map_err(|e| e.context(&ctx))?;
     tracing::debug!(plugin = %name, verb = verb.as_str(), ifname = %env.ifname,
         elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, ok = finished.success, "delegate finished");

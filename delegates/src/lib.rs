@@ -10,6 +10,7 @@ pub mod lock;
 pub mod logging;
 pub mod netns;
 pub mod skel;
+pub mod timing;
 
 pub use chain::{Attachment, Runtime};
 pub use exec::{find_plugin, CniEnv, Verb};

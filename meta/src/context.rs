@@ -165,6 +165,7 @@ impl Ctx {
     }
 
     fn build_client(&mut self) -> Result<Option<KubeClient>, CniError> {
+        let _phase = plexus_delegates::timing::phase("client_build");
         let opts = ClientOptions {
             retry: RetryPolicy {
                 total: Duration::from_millis(self.config.pod_timeout_ms),

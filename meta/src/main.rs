@@ -19,6 +19,7 @@ fn usage() -> String {
 }
 
 fn main() {
+    let started = std::time::Instant::now();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
         Some("explain") => std::process::exit(explain::main(&argv[1..])),
@@ -45,6 +46,7 @@ fn main() {
     skel::install_panic_hook();
     let plugin = Plexus {
         in_cluster: InClusterEnv::from_process_env(),
+        started: Some(started),
     };
     let stdin = match skel::read_config(std::io::stdin()) {
         Ok(b) => b,

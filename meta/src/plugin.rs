@@ -7,17 +7,23 @@ use crate::verbs::{add, check as verbs, del};
 use plexus_conf::error::CniError;
 use plexus_delegates::logging::{self, LogOptions};
 use plexus_delegates::skel::{AddOutput, CmdArgs, Plugin};
+use plexus_delegates::timing;
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// The plexus meta-plugin.
 #[derive(Debug, Default)]
 pub struct Plexus {
     /// The in-cluster API environment of this process, if any.
     pub in_cluster: Option<InClusterEnv>,
+    /// When the process started `main` (the calls' closing log lines count from it).
+    pub started: Option<Instant>,
 }
 
 impl Plexus {
     fn ctx(&self, args: &CmdArgs) -> Result<Ctx, CniError> {
+        timing::reset();
+        let _phase = timing::phase("config");
         let ctx = Ctx::new(args, self.in_cluster.clone())?;
         logging::init(&LogOptions {
             level: ctx.config.log_level.clone(),
@@ -41,18 +47,29 @@ impl Plexus {
     }
 }
 
+/// The call's closing line: total time in this process and where it went (see
+/// [`plexus_delegates::timing`]); `docs/performance.md` reads its breakdown from these lines.
+fn log_done(verb: &str, args: &CmdArgs, ok: bool, started: Instant) {
+    tracing::info!(container = %args.container_id, ifname = %args.ifname, ok,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+        phases = ?timing::summary(), "{verb} done");
+}
+
 impl Plugin for Plexus {
     fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
+        let started = self.started.unwrap_or_else(Instant::now);
         let mut ctx = self.ctx(&args)?;
-        let started = std::time::Instant::now();
         let out = add::add(&mut ctx, &mut ApiInputs, &args);
-        tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "ADD done");
+        log_done("ADD", &args, out.is_ok(), started);
         out
     }
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
+        let started = self.started.unwrap_or_else(Instant::now);
         let mut ctx = self.ctx(&args)?;
-        del::del(&mut ctx, &mut ApiInputs, &args)
+        let out = del::del(&mut ctx, &mut ApiInputs, &args);
+        log_done("DEL", &args, out.is_ok(), started);
+        out
     }
 
     fn check(&self, args: CmdArgs) -> Result<(), CniError> {

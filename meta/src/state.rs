@@ -99,6 +99,7 @@ impl PlanStore {
 
     /// Save (atomic, 0600).
     pub fn save(&self, plan: &SavedPlan) -> Result<(), CniError> {
+        let _phase = plexus_delegates::timing::phase("plan_save");
         let p = self.path(&plan.container_id, &plan.ifname);
         let bytes = serde_json::to_vec(plan)
             .map_err(|e| CniError::internal("failed to encode plan", e.to_string()))?;

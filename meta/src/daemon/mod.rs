@@ -135,6 +135,7 @@ struct DaemonPlugin<'a>(&'a Shared);
 impl DaemonPlugin<'_> {
     fn ctx(&self, args: &CmdArgs) -> Result<(Ctx, CacheInputs), CniError> {
         let s = self.0;
+        plexus_delegates::timing::reset();
         let ctx = Ctx::new(args, None)?.with_shared(s.handle.clone(), s.client.clone());
         let inputs = CacheInputs {
             caches: Arc::clone(&s.caches),
@@ -151,7 +152,8 @@ impl Plugin for DaemonPlugin<'_> {
         let (mut ctx, mut inputs) = self.ctx(&args)?;
         let started = std::time::Instant::now();
         let out = add::add(&mut ctx, &mut inputs, &args);
-        tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "ADD done");
+        tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+            phases = ?plexus_delegates::timing::summary(), "ADD done");
         out
     }
 

@@ -150,6 +150,7 @@ impl KubeClient {
         reason: &str,
         message: &str,
     ) -> Result<(), K8sError> {
+        let _phase = plexus_delegates::timing::phase("event");
         let event = build_event(
             pod,
             type_,

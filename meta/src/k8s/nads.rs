@@ -89,6 +89,7 @@ impl KubeClient {
     /// GET each `(namespace, name)` NAD, all concurrently, each with the client's transient-retry
     /// policy. Results are in input order; a missing NAD is `Ok(None)` (not retried).
     pub async fn get_nads(&self, refs: &[(&str, &str)]) -> Vec<Result<Option<Nad>, K8sError>> {
+        let _phase = plexus_delegates::timing::phase("nad_get");
         join_all(refs.iter().map(|&(ns, name)| self.get_nad(ns, name))).await
     }
 

@@ -31,6 +31,7 @@ impl KubeClient {
         expected_uid: Option<&str>,
         policy: RetryPolicy,
     ) -> Result<Option<Pod>, K8sError> {
+        let _phase = plexus_delegates::timing::phase("pod_get");
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let ctx = Ctx {
             what: "get pod",

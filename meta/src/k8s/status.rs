@@ -61,6 +61,7 @@ impl KubeClient {
         uid: &str,
         status_json: &str,
     ) -> Result<(), K8sError> {
+        let _phase = plexus_delegates::timing::phase("status_patch");
         let patch = network_status_patch(uid, status_json);
         let ctx = Ctx {
             what: "patch pod status",

@@ -6,7 +6,13 @@
 //! 3. daemon mode vs thin mode: per-call overhead, the shim alone, and a simulated node reboot
 //!    (110 pods × 3 networks at once) with the daemon's RSS.
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]` (as root).
+//! 4. `--real-api`: thin mode against a real kube-apiserver over TLS (`PLEXUS_K8S_BIN`), with the
+//!    breakdown of plexus' own time per phase and its peak RSS ([`real_api`]).
+//!
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api]`
+//! (as root).
+
+mod real_api;
 
 use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
@@ -495,6 +501,7 @@ fn peak_rss_of(bin: &str) -> ! {
 fn main() {
     let mut n = 20usize;
     let mut daemon_only = false;
+    let mut real_api_only = false;
     let mut plexus = None;
     let mut cni_bin = PathBuf::from("/usr/lib/cni");
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -506,8 +513,9 @@ fn main() {
             "--cni-bin" => cni_bin = it.next().map(PathBuf::from).unwrap_or(cni_bin),
             "--peak-rss-of" => peak_rss_of(it.next().map(String::as_str).unwrap_or("plexus")),
             "--daemon-only" => daemon_only = true,
+            "--real-api" => real_api_only = true,
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api]");
                 std::process::exit(2);
             }
         }
@@ -519,6 +527,13 @@ fn main() {
         plexus.display(),
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
+    if real_api_only {
+        if let Err(e) = real_api::run(&plexus, &cni_bin, n) {
+            eprintln!("plexus-bench --real-api: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if daemon_only {
         daemon_mode(&plexus, &cni_bin, n);
         return;

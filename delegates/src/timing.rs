@@ -1,0 +1,98 @@
+//! Where one CNI call's time went: named phases measured with a guard and summed per name, for
+//! the call's closing log line (`phases="config=0.10 pod_get=2.31 …"`, milliseconds).
+//!
+//! The record is per thread: a thin-mode call runs on one thread, and a daemon worker runs one
+//! call at a time, so phases of concurrent calls never mix. [`reset`] starts a call's record.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+thread_local! {
+    static PHASES: RefCell<Vec<(&'static str, Duration)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Measures from its creation to its drop and adds that to the phase `name`.
+#[must_use = "the phase ends when the guard is dropped"]
+pub struct PhaseGuard {
+    name: &'static str,
+    started: Instant,
+}
+
+impl Drop for PhaseGuard {
+    fn drop(&mut self) {
+        record(self.name, self.started.elapsed());
+    }
+}
+
+/// Start measuring the phase `name` (ends when the guard drops).
+pub fn phase(name: &'static str) -> PhaseGuard {
+    PhaseGuard {
+        name,
+        started: Instant::now(),
+    }
+}
+
+/// Add `elapsed` to the phase `name`.
+pub fn record(name: &'static str, elapsed: Duration) {
+    PHASES.with(|p| {
+        let mut p = p.borrow_mut();
+        match p.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += elapsed,
+            None => p.push((name, elapsed)),
+        }
+    });
+}
+
+/// Forget this thread's phases (the start of a call).
+pub fn reset() {
+    PHASES.with(|p| p.borrow_mut().clear());
+}
+
+/// The phases recorded since the last [`reset`], in first-seen order.
+pub fn phases() -> Vec<(&'static str, Duration)> {
+    PHASES.with(|p| p.borrow().clone())
+}
+
+/// `name=milliseconds` pairs, space-separated, in first-seen order (two decimals).
+pub fn summary() -> String {
+    phases()
+        .iter()
+        .map(|(n, d)| format!("{n}={:.2}", d.as_secs_f64() * 1000.0))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_sum_per_name_in_first_seen_order_and_reset() {
+        reset();
+        record("b", Duration::from_micros(1500));
+        record("a", Duration::from_millis(2));
+        record("b", Duration::from_micros(500));
+        assert_eq!(summary(), "b=2.00 a=2.00");
+        {
+            let _g = phase("c");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let c = phases().into_iter().find(|(n, _)| *n == "c").unwrap().1;
+        assert!(c >= Duration::from_millis(2), "{c:?}");
+        reset();
+        assert!(phases().is_empty());
+    }
+
+    #[test]
+    fn threads_keep_their_own_record() {
+        reset();
+        record("main", Duration::from_millis(1));
+        std::thread::spawn(|| {
+            record("other", Duration::from_millis(1));
+            assert_eq!(summary(), "other=1.00");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(summary(), "main=1.00");
+    }
+}

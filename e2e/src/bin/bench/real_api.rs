@@ -1,0 +1,296 @@
+//! `plexus-bench --real-api`: thin-mode ADD and DEL against a real kube-apiserver over TLS
+//! (`PLEXUS_K8S_BIN`), one macvlan NAD on top of a bridge default network, next to the same
+//! two delegates run directly; then where plexus' own time went, read from the per-call
+//! `phases` it logs ([`plexus_delegates::timing`]), and its peak RSS.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use plexus_e2e::realk8s::{ControlPlane, K8sBins};
+use serde_json::{json, Value};
+
+use crate::{exec, median, plexus_env, run_with, Env};
+
+/// The phases plexus logs, in the order of an ADD (DEL logs a subset).
+const PHASES: &[&str] = &[
+    "config",
+    "client_build",
+    "pod_get",
+    "nad_get",
+    "plan_save",
+    "delegates",
+    "result_cache",
+    "status_patch",
+    "event",
+];
+
+fn repo(p: &str) -> String {
+    format!("{}/../{p}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One call's closing log line: in-process milliseconds and its phases.
+#[derive(Debug, Default)]
+struct Done {
+    elapsed_ms: f64,
+    phases: BTreeMap<String, f64>,
+}
+
+/// The `ADD done` / `DEL done` lines of a plexus log file, in order.
+fn parse_log(text: &str, verb: &str) -> Vec<Done> {
+    let marker = format!("{verb} done");
+    text.lines()
+        .filter(|l| l.contains(&marker))
+        .map(|l| {
+            let mut d = Done::default();
+            if let Some(v) = l.split("elapsed_ms=").nth(1) {
+                d.elapsed_ms = v
+                    .split_whitespace()
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0.0);
+            }
+            // `phases` is the line's last field (quoted or not, depending on the formatter).
+            if let Some(v) = l.split_once("phases=").map(|(_, v)| v.trim_matches('"')) {
+                for pair in v.split_whitespace() {
+                    if let Some((k, ms)) = pair.split_once('=') {
+                        d.phases.insert(k.to_string(), ms.parse().unwrap_or(0.0));
+                    }
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Print the table of one verb: wall-clock overhead and its breakdown.
+fn print_breakdown(verb: &str, wall: &[Duration], direct: &[Duration], done: &[Done]) {
+    let wall_ms = median(wall.to_vec());
+    let direct_ms = median(direct.to_vec());
+    let in_process = median_f(done.iter().map(|d| d.elapsed_ms).collect());
+    println!(
+        "  {verb}: plexus {wall_ms:.2} ms, delegates alone {direct_ms:.2} ms, overhead {:+.2} ms (median of {})",
+        wall_ms - direct_ms,
+        wall.len()
+    );
+    println!(
+        "    {:<34} {:>8.2} ms",
+        "exec, start-up and exit (outside main)",
+        wall_ms - in_process
+    );
+    let mut accounted = 0.0;
+    for name in PHASES {
+        let v: Vec<f64> = done
+            .iter()
+            .map(|d| d.phases.get(*name).copied().unwrap_or(0.0))
+            .collect();
+        if v.iter().all(|x| *x == 0.0) {
+            continue;
+        }
+        let m = median_f(v);
+        accounted += m;
+        println!("    {name:<34} {m:>8.2} ms");
+    }
+    println!(
+        "    {:<34} {:>8.2} ms",
+        "rest of main (plan, checks, locks)",
+        in_process - accounted
+    );
+}
+
+/// Run the real-API benchmark with `n` iterations (after one warm-up).
+pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
+    let Some(bins) = K8sBins::from_env()? else {
+        bail!("--real-api needs PLEXUS_K8S_BIN (the kube-apiserver and etcd binaries)");
+    };
+    let cp = ControlPlane::start(&bins)?;
+    cp.apply_file(Path::new(&repo("deploy/nad-crd.yaml")))?;
+    cp.apply_file(Path::new(&repo("deploy/rbac.yaml")))?;
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/network-attachment-definitions.k8s.cni.cncf.io",
+    ])?;
+    cp.create_namespace("db")?;
+    let e = Env::new();
+    let token = cp.create_token("kube-system", "plexus")?;
+    cp.write_kubeconfig(&e.path("kubeconfig"), &token)?;
+    let d = e.delegates();
+    let (default, data) = (d[0].clone(), d[1].clone());
+    let mut nad_conf = data.clone();
+    nad_conf.as_object_mut().unwrap().remove("name");
+    cp.apply(
+        &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+            "metadata":{"name":"data","namespace":"db"},"spec":{"config":nad_conf.to_string()}})
+        .to_string(),
+    )?;
+    let netns = format!("/run/netns/{}", e.netns);
+    let cni_path = cni_bin.display().to_string();
+    let log = e.path("plexus.log");
+    let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),
+        "binDir":cni_path,"kubeconfig":e.path("kubeconfig"),"logLevel":"info","logFile":log,
+        "logToStderr":false,"delegates":[default]});
+
+    let (mut d_add, mut d_del, mut p_add, mut p_del) = (vec![], vec![], vec![], vec![]);
+    let mut rss = Vec::new();
+    for i in 0..=n {
+        let pod = format!("bench-{i}");
+        cp.apply(
+            &json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":pod,"namespace":"db",
+                "annotations":{"k8s.v1.cni.cncf.io/networks":"data"}},
+                "spec":{"nodeName":"bench-node","containers":[{"name":"c","image":"pause"}]}})
+            .to_string(),
+        )?;
+        let uid = cp.get_json(&format!("/api/v1/namespaces/db/pods/{pod}"))?["metadata"]["uid"]
+            .as_str()
+            .context("pod uid")?
+            .to_string();
+
+        // The same two delegates, run directly.
+        let cid = format!("bench-direct-{i}");
+        let pairs = [(&d[0], "eth0"), (&d[1], "net1")];
+        let direct = |cmd: &str, order: &[(&Value, &str)]| -> Result<Duration> {
+            let t = Instant::now();
+            for (conf, ifn) in order {
+                let env = [
+                    ("CNI_COMMAND", cmd),
+                    ("CNI_CONTAINERID", cid.as_str()),
+                    ("CNI_NETNS", netns.as_str()),
+                    ("CNI_IFNAME", ifn),
+                    ("CNI_PATH", cni_path.as_str()),
+                ];
+                let (ok, out) = exec(&cni_bin.join(conf["type"].as_str().unwrap()), &env, conf);
+                if !ok {
+                    bail!("direct {cmd} of {} failed: {out}", conf["type"]);
+                }
+            }
+            Ok(t.elapsed())
+        };
+        let add = direct("ADD", &pairs)?;
+        let mut rev = pairs;
+        rev.reverse();
+        let del = direct("DEL", &rev)?;
+
+        let cid = format!("bench-plexus-{i}");
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
+        let env = |cmd: &'static str| plexus_env(cmd, &cid, &netns, &cni_path, &args);
+        let t = Instant::now();
+        let (ok, out) = exec(plexus, &env("ADD"), &conf);
+        let padd = t.elapsed();
+        if !ok {
+            bail!("plexus ADD failed: {out}");
+        }
+        let t = Instant::now();
+        let (ok, out) = exec(plexus, &env("DEL"), &conf);
+        let pdel = t.elapsed();
+        if !ok {
+            bail!("plexus DEL failed: {out}");
+        }
+        if i > 0 {
+            d_add.push(add);
+            d_del.push(del);
+            p_add.push(padd);
+            p_del.push(pdel);
+        }
+        // Peak RSS of a few ADDs, on pods of their own (the same path, measured apart).
+        if i < 3 {
+            let cid = format!("bench-rss-{i}");
+            let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
+            let peak = |cmd: &'static str| -> Result<u64> {
+                let env = plexus_env(cmd, &cid, &netns, &cni_path, &args);
+                let mut measure = Command::new(std::env::current_exe()?);
+                measure.arg("--peak-rss-of").arg(plexus);
+                let out = run_with(measure, &env, &conf);
+                if !out.status.success() {
+                    bail!("plexus {cmd} (peak RSS run) failed");
+                }
+                Ok(String::from_utf8_lossy(&out.stderr).trim().parse()?)
+            };
+            let a = peak("ADD")?;
+            let dl = peak("DEL")?;
+            rss.push((a, dl));
+        }
+    }
+    let text = std::fs::read_to_string(&log)?;
+    // Drop the warm-up call and the RSS runs' lines: keep one ADD and one DEL per timed round.
+    let adds: Vec<Done> = parse_log(&text, "ADD");
+    let dels: Vec<Done> = parse_log(&text, "DEL");
+    let timed = |all: Vec<Done>| -> Vec<Done> {
+        // Per round i: the timed call, then (i < 3) the RSS call.
+        let mut out = Vec::new();
+        let mut it = all.into_iter();
+        for i in 0..=n {
+            let timed = it.next();
+            if i < 3 {
+                it.next();
+            }
+            if i > 0 {
+                out.extend(timed);
+            }
+        }
+        out
+    };
+    let (adds, dels) = (timed(adds), timed(dels));
+
+    // Process start alone: a VERSION call does nothing but parse its stdin.
+    let mut version = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let (ok, _) = exec(
+            plexus,
+            &[("CNI_COMMAND", "VERSION")],
+            &json!({"cniVersion":"1.0.0"}),
+        );
+        if ok {
+            version.push(t.elapsed());
+        }
+    }
+    println!(
+        "real kube-apiserver over TLS (ECDSA P-256 serving cert), bridge default + 1 macvlan NAD, thin mode:"
+    );
+    print_breakdown("ADD", &p_add, &d_add, &adds);
+    print_breakdown("DEL", &p_del, &d_del, &dels);
+    println!(
+        "  a VERSION call (exec, start-up, exit): {:.2} ms",
+        median(version)
+    );
+    let max = |f: fn(&(u64, u64)) -> u64| rss.iter().map(f).max().unwrap_or(0);
+    println!(
+        "  peak RSS (max of {}): ADD {} KiB, DEL {} KiB",
+        rss.len(),
+        max(|r| r.0),
+        max(|r| r.1)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_parse_into_elapsed_and_phases() {
+        let text = "2026-11-23T16:00:00Z  INFO plexus_meta::plugin: ADD done container=\"c\" ifname=\"eth0\" ok=true elapsed_ms=12.5 phases=\"config=0.10 pod_get=3.25\"\nunrelated\n";
+        let got = parse_log(text, "ADD");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].elapsed_ms, 12.5);
+        assert_eq!(got[0].phases["pod_get"], 3.25);
+        assert_eq!(got[0].phases.len(), 2);
+        assert!(parse_log(text, "DEL").is_empty());
+        let bare = "x DEL done ok=true elapsed_ms=3 phases=config=0.5 delegates=1.25";
+        let got = parse_log(bare, "DEL");
+        assert_eq!(got[0].phases["delegates"], 1.25);
+        assert_eq!(got[0].elapsed_ms, 3.0);
+    }
+}
