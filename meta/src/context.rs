@@ -115,6 +115,11 @@ impl Ctx {
         }
     }
 
+    /// True inside the daemon (work may continue in the background after the call returns).
+    pub fn in_daemon(&self) -> bool {
+        matches!(self.exec, Exec::Shared(_))
+    }
+
     /// Run `f` now (thin mode) or in the background on the daemon's runtime.
     pub fn run_or_spawn<F>(&mut self, f: F)
     where

@@ -56,11 +56,27 @@ pub fn event(
     reason: &str,
     msg: &str,
 ) {
+    if let Some(fut) = event_future(ctx, client, pod, t, reason, msg) {
+        // The daemon posts in the background; a thin call waits (its process ends with it).
+        ctx.run_or_spawn(fut);
+    }
+}
+
+/// The POST of one event about `pod`, not started; `None` when events are off or there is no
+/// API or pod. Failures are logged, never returned.
+fn event_future(
+    ctx: &Ctx,
+    client: Option<&KubeClient>,
+    pod: Option<&PodInfo>,
+    t: EventType,
+    reason: &str,
+    msg: &str,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
     if !ctx.config.events {
-        return;
+        return None;
     }
     let (Some(client), Some(p)) = (client, pod) else {
-        return;
+        return None;
     };
     let r = PodRef {
         ns: p.id.namespace.clone(),
@@ -73,13 +89,11 @@ pub fn event(
             .unwrap_or_default(),
     };
     let (client, reason, msg) = (client.clone(), reason.to_string(), msg.to_string());
-    let fut = async move {
+    Some(async move {
         if let Err(e) = client.post_event(&r, t, &reason, &msg).await {
             tracing::warn!(pod = %format!("{}/{}", r.ns, r.name), error = %e, "event not posted");
         }
-    };
-    // The daemon posts in the background; a thin call waits (its process ends with it).
-    ctx.run_or_spawn(fut);
+    })
 }
 
 /// Why the network-status could not be written (the attachments themselves are fine).
@@ -89,6 +103,10 @@ pub struct StatusFailure(pub K8sError);
 /// After a successful attach: write network-status, the claims' network data and the
 /// summary event. `Err` only when the status could not be written and will not be retried:
 /// the caller then undoes the attachments, so a pod never looks single-homed for good.
+///
+/// A thin call sends the status PATCH and the `AddedInterface` event at the same time (the
+/// two API writes overlap instead of adding up); if the PATCH then fails for good, a warning
+/// event says the interfaces are being removed.
 pub fn added(
     ctx: &mut Ctx,
     client: Option<&KubeClient>,
@@ -96,11 +114,29 @@ pub fn added(
     plan: &[PlannedAttachment],
     done: &[Attached],
 ) -> Result<(), StatusFailure> {
+    let mut added_event = event_future(
+        ctx,
+        client,
+        pod,
+        EventType::Normal,
+        "AddedInterface",
+        &format!("Added {}", summary(plan, done)),
+    );
     if let (Some(client), Some(p)) = (client, pod) {
         let status = to_annotation(&network_status(plan, done));
-        let res = ctx
-            .block_on(client.set_network_status(&p.id.namespace, &p.id.name, &p.id.uid, &status))
-            .unwrap_or_else(|e| Err(K8sError::Client(e.to_string())));
+        let patch = client.set_network_status(&p.id.namespace, &p.id.name, &p.id.uid, &status);
+        let alongside = if ctx.in_daemon() {
+            None
+        } else {
+            added_event.take()
+        };
+        let res = match alongside {
+            Some(ev) => ctx
+                .block_on(futures::future::join(patch, ev))
+                .map(|(r, ())| r),
+            None => ctx.block_on(patch),
+        }
+        .unwrap_or_else(|e| Err(K8sError::Client(e.to_string())));
         match res {
             Ok(()) => {}
             Err(e) if e.is_not_found() || matches!(e, K8sError::PodReplaced { .. }) => {
@@ -109,20 +145,27 @@ pub fn added(
             Err(e) if e.is_transient() && spawn_status_retry(ctx, client, p, status.clone()) => {
                 tracing::warn!(pod = %p.id.key(), error = %e, "network-status not written yet: retrying in the background");
             }
-            Err(e) => return Err(StatusFailure(e)),
+            Err(e) => {
+                if added_event.is_none() {
+                    event(
+                        ctx,
+                        Some(client),
+                        pod,
+                        EventType::Warning,
+                        "AddInterfaceFailed",
+                        &format!("cannot write the network-status annotation ({e}): removing the interfaces"),
+                    );
+                }
+                return Err(StatusFailure(e));
+            }
         }
     }
     if let Some(client) = client {
         crate::devices::claims::write_network_data(ctx, client, plan, done);
     }
-    event(
-        ctx,
-        client,
-        pod,
-        EventType::Normal,
-        "AddedInterface",
-        &format!("Added {}", summary(plan, done)),
-    );
+    if let Some(ev) = added_event {
+        ctx.run_or_spawn(ev);
+    }
     Ok(())
 }
 
