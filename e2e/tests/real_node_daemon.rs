@@ -148,14 +148,14 @@ impl<'a> Tier<'a> {
         self.node.path("run-plexus/plexus.sock")
     }
 
-    /// Start `plexus daemon` on the node and wait for its readiness file.
+    /// Start `plexus-daemon` (the DaemonSet's daemon container runs it) on the node and wait
+    /// for its readiness file.
     fn start_daemon(&mut self) -> Result<()> {
         let ready = self.node.path("daemon.ready");
         let _ = std::fs::remove_file(&ready);
         let p = |p: PathBuf| p.display().to_string();
         let args = vec![
-            "daemon".to_string(),
-            "--socket".into(),
+            "--socket".to_string(),
             p(self.socket()),
             "--kubeconfig".into(),
             p(self.node.path("daemon.kubeconfig")),
@@ -167,7 +167,8 @@ impl<'a> Tier<'a> {
             format!("127.0.0.1:{}", self.metrics_port),
         ];
         let log = self.node.path("daemon.log");
-        self.daemon = Some(Proc::spawn("plexus daemon", &self.plexus, &args, &log)?);
+        let daemon = common::bin("plexus-daemon");
+        self.daemon = Some(Proc::spawn("plexus-daemon", &daemon, &args, &log)?);
         wait_for(
             "the daemon's readiness file",
             Duration::from_secs(20),
@@ -232,6 +233,17 @@ impl<'a> Tier<'a> {
         let containers = ds["spec"]["template"]["spec"]["containers"]
             .as_array()
             .context("containers")?;
+        let daemon = containers
+            .iter()
+            .find(|c| c["name"] == "plexus-daemon")
+            .context("no plexus-daemon container")?;
+        ensure!(
+            daemon["command"][0] == "/usr/src/plexus/bin/plexus-daemon"
+                && daemon["command"][1] == "--socket"
+                && daemon["command"][2] == "/run/plexus/plexus.sock",
+            "the daemon container does not run plexus-daemon on the socket the shim uses: {}",
+            daemon["command"]
+        );
         let c = containers
             .iter()
             .find(|c| c["name"] == "install-plexus")

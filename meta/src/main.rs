@@ -1,6 +1,6 @@
 //! `plexus`: the CNI entry point (thin mode, or daemon mode's shim when the config has
-//! `daemonSocket`), plus `plexus daemon`, `plexus explain` (offline attachment plan) and
-//! `plexus version`.
+//! `daemonSocket`), plus `plexus explain` (offline attachment plan), `plexus version`, and
+//! `plexus daemon`, which runs the `plexus-daemon` binary installed next to this one.
 
 use plexus_delegates::skel;
 use plexus_meta::k8s::InClusterEnv;
@@ -18,12 +18,35 @@ fn usage() -> String {
     )
 }
 
+/// `plexus daemon ARGS…`: replace this process with `plexus-daemon ARGS…` from this binary's
+/// directory (the daemon is a binary of its own, so the thin plugin stays small). Returns
+/// only on failure, with exit code 2.
+fn exec_daemon(args: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let daemon = match std::env::current_exe() {
+        Ok(me) => me.with_file_name("plexus-daemon"),
+        Err(e) => {
+            eprintln!("plexus daemon: cannot find this binary's directory: {e}");
+            return 2;
+        }
+    };
+    let err = std::process::Command::new(&daemon)
+        .arg0("plexus-daemon")
+        .args(args)
+        .exec();
+    eprintln!(
+        "plexus daemon: cannot run {} ({err}): the daemon is the plexus-daemon binary, installed next to plexus",
+        daemon.display()
+    );
+    2
+}
+
 fn main() {
     let started = std::time::Instant::now();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
         Some("explain") => std::process::exit(explain::main(&argv[1..])),
-        Some("daemon") => std::process::exit(plexus_meta::daemon::main(&argv[1..])),
+        Some("daemon") => std::process::exit(exec_daemon(&argv[1..])),
         Some("version" | "--version") => {
             println!("plexus {}", env!("CARGO_PKG_VERSION"));
             return;

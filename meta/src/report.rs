@@ -131,9 +131,11 @@ pub fn added(
             added_event.take()
         };
         let res = match alongside {
-            Some(ev) => ctx
-                .block_on(futures::future::join(patch, ev))
-                .map(|(r, ())| r),
+            Some(ev) => {
+                let _phase = plexus_delegates::timing::phase("status_and_event");
+                ctx.block_on(futures::future::join(patch, ev))
+                    .map(|(r, ())| r)
+            }
             None => ctx.block_on(patch),
         }
         .unwrap_or_else(|e| Err(K8sError::Client(e.to_string())));

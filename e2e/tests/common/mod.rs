@@ -54,7 +54,7 @@ fn assert_fresh(binary: &Path, root: &Path) {
     let name = binary.file_name().unwrap().to_string_lossy();
     let crates: &[&str] = if name.starts_with("sriov") {
         &["conf", "delegates", "sriov"]
-    } else if name == "plexus" || name == "plexus-shim" {
+    } else if name == "plexus" || name == "plexus-daemon" || name == "plexus-shim" {
         &["conf", "delegates", "meta"]
     } else {
         &["conf", "delegates", "meta", "e2e"]
