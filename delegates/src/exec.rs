@@ -63,6 +63,7 @@ pub struct CniEnv {
 /// a `/` or `..` would escape the plugin directories.
 pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, CniError> {
     validate::plugin_type(plugin_type)?;
+    let _phase = crate::timing::phase("plugin_lookup");
     for dir in dirs {
         let candidate = dir.join(plugin_type);
         if let Ok(meta) = std::fs::metadata(&candidate) {

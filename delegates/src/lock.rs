@@ -16,6 +16,7 @@ pub struct FileLock {
 impl FileLock {
     /// Take an exclusive lock on `path` (created 0600, parent 0700), waiting up to `timeout`.
     pub fn acquire(path: &Path, timeout: Duration) -> io::Result<FileLock> {
+        let _phase = crate::timing::phase("lock");
         if let Some(dir) = path.parent() {
             crate::fsutil::ensure_private_dir(dir)?;
         }

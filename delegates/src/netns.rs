@@ -79,6 +79,7 @@ impl NetNs {
 
     /// Run `f` inside the namespace on a dedicated thread, and return its value.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NetNsError> {
+        let _phase = crate::timing::phase("netns");
         std::thread::scope(|s| {
             s.spawn(|| {
                 setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|e| NetNsError::Io {

@@ -19,6 +19,9 @@ use crate::{exec, median, plexus_env, run_with, Env};
 /// overlap inside `status_and_event`.
 const PHASES: &[(&str, bool)] = &[
     ("config", true),
+    ("lock", true),
+    ("plugin_lookup", true),
+    ("netns", true),
     ("client_build", true),
     ("pod_get", true),
     ("nad_get", true),
@@ -257,6 +260,22 @@ impl Bench {
                 r.direct_del.push(del);
                 r.add.push(padd);
                 r.del.push(pdel);
+            }
+        }
+        // `PLEXUS_BENCH_STRACE=FILE`: one more ADD under `strace -f -ttt -T -o FILE` (analysis).
+        if let Some(out) = std::env::var_os("PLEXUS_BENCH_STRACE").filter(|_| rss) {
+            let (pod, uid) = self.pod()?;
+            let cid = format!("bench-strace-{}", self.pods);
+            let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
+            let mut cmd = Command::new("strace");
+            cmd.args(["-f", "-ttt", "-T", "-o"]).arg(out).arg(plexus);
+            let out = run_with(
+                cmd,
+                &plexus_env("ADD", &cid, &netns, &cni_path, &args),
+                conf,
+            );
+            if !out.status.success() {
+                bail!("plexus ADD under strace failed");
             }
         }
         if rss {
