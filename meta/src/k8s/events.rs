@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
-use kube::Api;
+use kube::Resource;
 
 use super::client::KubeClient;
 use super::error::{Ctx, K8sError};
@@ -159,15 +159,20 @@ impl KubeClient {
             &self.opts.reporting_instance,
             Timestamp::now(),
         );
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.ns);
         let ctx = Ctx {
             what: "post event",
             ns: &pod.ns,
             name: &pod.name,
         };
-        let pp = PostParams::default();
+        // The created Event is not read back (its deserializer would only add code).
+        let url = Event::url_path(&(), Some(&pod.ns));
+        let body = serde_json::to_vec(&event).map_err(|e| K8sError::Client(e.to_string()))?;
         retry::run(RetryPolicy::none(), self.opts.request_timeout, ctx, || {
-            api.create(&pp, &event)
+            let req = kube::core::Request::new(&url)
+                .create(&PostParams::default(), body.clone())
+                .map_err(kube::Error::BuildRequest);
+            let client = self.client.clone();
+            async move { client.request_text(req?).await }
         })
         .await
         .map(drop)

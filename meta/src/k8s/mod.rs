@@ -35,7 +35,7 @@ pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER};
 pub use error::{K8sError, CNI_INVALID_CONFIG, CNI_K8S_FAILURE, CNI_TRY_AGAIN_LATER};
 pub use events::{build_event, EventType, PodRef, EVENT_ACTION, EVENT_COMPONENT};
 pub use nads::{Nad, NadSpec, NetworkAttachmentDefinition, RESOURCE_NAME_ANNOTATION};
-pub use pods::{is_static_pod, CONFIG_SOURCE_ANNOTATION};
+pub use pods::{is_static_pod, pod_from_json, PodView, CONFIG_SOURCE_ANNOTATION};
 pub use retry::RetryPolicy;
 pub use status::{network_status_patch, NETWORK_STATUS_ANNOTATION};
 

@@ -1,7 +1,17 @@
 //! GET the sandbox's pod, with bounded transient retry and the `K8S_POD_UID` check.
+//!
+//! The pod is read into [`PodView`], the few fields plexus uses, not into the whole
+//! `k8s_openapi` Pod: the full type's deserializer (every volume source, container and
+//! status field) is about 0.8 MB of code in a binary that runs for every CNI call.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerExtendedResourceRequest, Pod, PodExtendedResourceClaimStatus, PodResourceClaimStatus,
+    PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
 
 use super::client::KubeClient;
 use super::error::{Ctx, K8sError};
@@ -20,6 +30,111 @@ pub fn is_static_pod(pod: &Pod) -> bool {
         .is_some_and(|src| src != "api")
 }
 
+/// The fields of a Pod object plexus reads (metadata, `spec.nodeName`, the DRA claim status).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct PodView {
+    metadata: MetaView,
+    spec: SpecView,
+    status: StatusView,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MetaView {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct SpecView {
+    node_name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct StatusView {
+    resource_claim_statuses: Option<Vec<ClaimStatusView>>,
+    extended_resource_claim_status: Option<ExtendedView>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ClaimStatusView {
+    name: String,
+    resource_claim_name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ExtendedView {
+    resource_claim_name: String,
+    request_mappings: Vec<MappingView>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct MappingView {
+    container_name: String,
+    request_name: String,
+    resource_name: String,
+}
+
+impl PodView {
+    /// A `Pod` carrying exactly the fields read (everything else empty).
+    pub fn into_pod(self) -> Pod {
+        let status = (self.status.resource_claim_statuses.is_some()
+            || self.status.extended_resource_claim_status.is_some())
+        .then(|| PodStatus {
+            resource_claim_statuses: self.status.resource_claim_statuses.map(|l| {
+                l.into_iter()
+                    .map(|c| PodResourceClaimStatus {
+                        name: c.name,
+                        resource_claim_name: c.resource_claim_name,
+                    })
+                    .collect()
+            }),
+            extended_resource_claim_status: self.status.extended_resource_claim_status.map(|e| {
+                PodExtendedResourceClaimStatus {
+                    resource_claim_name: e.resource_claim_name,
+                    request_mappings: e
+                        .request_mappings
+                        .into_iter()
+                        .map(|m| ContainerExtendedResourceRequest {
+                            container_name: m.container_name,
+                            request_name: m.request_name,
+                            resource_name: m.resource_name,
+                        })
+                        .collect(),
+                }
+            }),
+            ..PodStatus::default()
+        });
+        Pod {
+            metadata: ObjectMeta {
+                name: self.metadata.name,
+                namespace: self.metadata.namespace,
+                uid: self.metadata.uid,
+                annotations: self.metadata.annotations,
+                ..ObjectMeta::default()
+            },
+            spec: self.spec.node_name.map(|n| PodSpec {
+                node_name: Some(n),
+                ..PodSpec::default()
+            }),
+            status,
+        }
+    }
+}
+
+/// A Pod object (JSON) read into a [`Pod`] with only the fields plexus uses.
+pub fn pod_from_json(value: serde_json::Value) -> Result<Pod, serde_json::Error> {
+    serde_json::from_value::<PodView>(value).map(PodView::into_pod)
+}
+
 impl KubeClient {
     /// GET `ns/name`. Transient errors are retried within `policy`; 404 gives `Ok(None)`
     /// at once. With `expected_uid` (non-empty), a different UID gives
@@ -32,15 +147,26 @@ impl KubeClient {
         policy: RetryPolicy,
     ) -> Result<Option<Pod>, K8sError> {
         let _phase = plexus_delegates::timing::phase("pod_get");
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let ctx = Ctx {
             what: "get pod",
             ns,
             name,
         };
-        let pod = retry::run(policy, self.opts.request_timeout, ctx, || api.get_opt(name)).await?;
-        let Some(pod) = pod else {
-            return Ok(None);
+        let url = format!("/api/v1/namespaces/{ns}/pods/{name}");
+        let got = retry::run(policy, self.opts.request_timeout, ctx, || {
+            let req = http::Request::get(url.as_str())
+                .body(Vec::new())
+                .map_err(|e| {
+                    kube::Error::BuildRequest(kube::core::request::Error::BuildRequest(e))
+                });
+            let client = self.client.clone();
+            async move { client.request::<PodView>(req?).await }
+        })
+        .await;
+        let pod = match got {
+            Ok(view) => view.into_pod(),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
         };
         if let Some(expected) = expected_uid.filter(|u| !u.is_empty()) {
             let got = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -94,6 +220,47 @@ mod tests {
         assert_eq!(reqs.len(), 1);
         assert_eq!(reqs[0].method, "GET");
         assert_eq!(reqs[0].path_and_query, "/api/v1/namespaces/ns1/pods/p1");
+    }
+
+    #[test]
+    fn the_view_keeps_what_plexus_reads_and_ignores_the_rest() {
+        let pod = pod_from_json(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "db-0", "namespace": "bank", "uid": "u-9",
+                "annotations": {"k8s.v1.cni.cncf.io/networks": "sriov-a"}, "labels": {"app": "db"}},
+            "spec": {"nodeName": "worker-3", "containers": [{"name": "db", "image": "pg",
+                "resources": {"claims": [{"name": "vf"}]}}], "volumes": [{"name": "x", "emptyDir": {}}]},
+            "status": {"phase": "Pending",
+                "resourceClaimStatuses": [{"name": "vf", "resourceClaimName": "db-0-vf-abc"}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "db-0-ext",
+                    "requestMappings": [{"containerName": "db", "resourceName": "intel.com/sriov", "requestName": "container-0-request-0"}]}}
+        }))
+        .unwrap();
+        assert_eq!(pod.metadata.uid.as_deref(), Some("u-9"));
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()["k8s.v1.cni.cncf.io/networks"],
+            "sriov-a"
+        );
+        assert!(pod.metadata.labels.is_none());
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("worker-3"));
+        assert!(spec.containers.is_empty());
+        let status = pod.status.as_ref().unwrap();
+        let claims = status.resource_claim_statuses.as_ref().unwrap();
+        assert_eq!(
+            claims[0].resource_claim_name.as_deref(),
+            Some("db-0-vf-abc")
+        );
+        let ext = status.extended_resource_claim_status.as_ref().unwrap();
+        assert_eq!(ext.resource_claim_name, "db-0-ext");
+        assert_eq!(ext.request_mappings[0].resource_name, "intel.com/sriov");
+        assert!(status.phase.is_none());
+
+        // A bare object (no spec, no status) reads as such.
+        let bare = pod_from_json(serde_json::json!({"metadata": {"name": "p"}})).unwrap();
+        assert!(bare.spec.is_none() && bare.status.is_none());
+        // A wrong type is still an error.
+        assert!(pod_from_json(serde_json::json!({"metadata": {"uid": 7}})).is_err());
     }
 
     #[tokio::test]

@@ -66,7 +66,7 @@ pub fn explain(
             .and_then(|m| m.get("annotations"))
             .and_then(|a| serde_json::from_value(a.clone()).ok())
             .unwrap_or_default(),
-        claims: serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(pod.clone())
+        claims: crate::k8s::pod_from_json(pod.clone())
             .ok()
             .map(|p| crate::pod::PodClaims::from_pod(&p)),
     };

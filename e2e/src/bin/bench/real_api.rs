@@ -334,22 +334,33 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
             );
         }
     }
-    // Process start alone: a VERSION call does nothing but parse its stdin.
-    let mut version = Vec::new();
-    for _ in 0..n {
-        let t = Instant::now();
-        let (ok, _) = exec(
-            plexus,
-            &[("CNI_COMMAND", "VERSION")],
-            &json!({"cniVersion":"1.0.0"}),
-        );
-        if ok {
-            version.push(t.elapsed());
+    // Process start alone: a VERSION call does nothing but parse its stdin; /bin/true is the
+    // floor of this harness (spawn, pipes, wait) and a Go plugin's VERSION the reference.
+    let version = |bin: &Path| -> f64 {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            let t = Instant::now();
+            let (ok, _) = exec(
+                bin,
+                &[("CNI_COMMAND", "VERSION")],
+                &json!({"cniVersion":"1.0.0"}),
+            );
+            if ok {
+                v.push(t.elapsed());
+            }
         }
-    }
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            median(v)
+        }
+    };
     println!(
-        " a VERSION call (exec, start-up, exit): {:.2} ms",
-        median(version)
+        " exec, start-up and exit of a VERSION call: plexus {:.2} ms, {} {:.2} ms, /bin/true {:.2} ms",
+        version(plexus),
+        cni_bin.join("bridge").display(),
+        version(&cni_bin.join("bridge")),
+        version(Path::new("/bin/true"))
     );
     Ok(())
 }
