@@ -1,13 +1,12 @@
 //! Running a plan: ADD every attachment in order with an undo stack (a failure DELs what was
 //! added, in reverse), DEL every attachment best-effort, CHECK every attachment.
 
+use crate::error::MetaError;
 use crate::plan::PlannedAttachment;
 use crate::routes::{self, RouteChange};
 use plexus_conf::args::CniArgs;
-use plexus_conf::error::{code, CniError};
 use plexus_conf::netconf::NetConfList;
 use plexus_conf::result::{is_default_dst, is_v6, CniResult, Route};
-use plexus_delegates::chain::combine;
 use plexus_delegates::netns::{link_exists, NetNs};
 use plexus_delegates::{Attachment, Runtime};
 
@@ -24,18 +23,26 @@ fn attachment(
     container_id: &str,
     netns: &str,
     a: &PlannedAttachment,
-) -> Result<Attachment, CniError> {
+) -> Result<Attachment, MetaError> {
     Ok(Attachment {
         container_id: container_id.into(),
         netns: netns.into(),
         ifname: a.ifname.clone(),
-        args: CniArgs::parse(&a.cni_args)?,
+        args: CniArgs::parse(&a.cni_args).map_err(|source| MetaError::CniArgs {
+            source: source.into(),
+        })?,
         capability_args: a.capability_args.clone(),
     })
 }
 
-fn ctx(pod: &str, a: &PlannedAttachment) -> String {
-    format!("{pod}, network {} ({})", a.network, a.ifname)
+/// `e` as the failure of attachment `a` of `pod`'s plan.
+fn failed(pod: &str, a: &PlannedAttachment, e: MetaError) -> MetaError {
+    MetaError::Attachment {
+        pod: pod.to_string(),
+        network: a.network.clone(),
+        ifname: a.ifname.clone(),
+        source: Box::new(e),
+    }
 }
 
 /// Check that every plugin (and IPAM plugin) of the plan is installed, before anything runs.
@@ -43,105 +50,96 @@ pub fn validate_plugins(
     rt: &Runtime,
     plan: &[PlannedAttachment],
     pod: &str,
-) -> Result<(), CniError> {
+) -> Result<(), MetaError> {
     for a in plan {
         let list = a.list()?;
         for p in &list.plugins {
             for t in std::iter::once(p.plugin_type()).chain(p.ipam_type()) {
-                plexus_delegates::find_plugin(t, &rt.search_path)
-                    .map_err(|e| e.context(format!("{}, network {}", pod, a.network)))?;
+                plexus_delegates::find_plugin(t, &rt.search_path).map_err(|source| {
+                    MetaError::PluginMissing {
+                        pod: pod.to_string(),
+                        network: a.network.clone(),
+                        source: source.into(),
+                    }
+                })?;
             }
         }
     }
     Ok(())
 }
 
-/// A failed ADD: the error, and whether the rollback removed everything.
-#[derive(Debug)]
-pub struct AddFailure {
-    /// The CNI error to return.
-    pub error: CniError,
-    /// True when every rollback DEL succeeded.
-    pub clean: bool,
+/// Whether a failed [`add_all`] left nothing behind: every rollback DEL succeeded (any error
+/// but [`MetaError::RollbackFailed`]).
+pub fn rolled_back_cleanly(e: &MetaError) -> bool {
+    !matches!(e, MetaError::RollbackFailed { .. })
 }
 
 /// ADD all attachments. On failure everything added so far (including the failed one, which
 /// may have left partial state) is DELeted in reverse order; the error names the pod, the
-/// network and the cause, plus any rollback failure.
+/// network and the interface ([`MetaError::Attachment`]) and the cause, plus any rollback
+/// failure ([`MetaError::RollbackFailed`], see [`rolled_back_cleanly`]).
 pub fn add_all(
     rt: &Runtime,
     plan: &[PlannedAttachment],
     container_id: &str,
     netns: &str,
     pod: &str,
-) -> Result<Vec<Attached>, AddFailure> {
-    let ns = NetNs::open(netns).map_err(|e| AddFailure {
-        error: CniError::new(
-            code::UNKNOWN_CONTAINER,
-            format!("{pod}: cannot open the pod network namespace"),
-            e.to_string(),
-        ),
-        clean: true,
+) -> Result<Vec<Attached>, MetaError> {
+    let ns = NetNs::open(netns).map_err(|source| MetaError::NetnsOpen {
+        pod: pod.to_string(),
+        source,
     })?;
     // Each attachment's config and CNI_ARGS are parsed once, for its ADD and its rollback.
     let prepared: Vec<(NetConfList, Attachment)> = plan
         .iter()
         .map(|a| Ok((a.list()?, attachment(container_id, netns, a)?)))
-        .collect::<Result<_, CniError>>()
-        .map_err(|e| AddFailure {
-            error: e.context(pod),
-            clean: true,
+        .collect::<Result<_, MetaError>>()
+        .map_err(|e| MetaError::PlanInvalid {
+            pod: pod.to_string(),
+            source: Box::new(e),
         })?;
     let mut undo: Vec<usize> = Vec::new();
     let mut done = Vec::new();
     for (i, (a, (list, att))) in plan.iter().zip(&prepared).enumerate() {
-        let step = (|| -> Result<CniResult, CniError> {
+        let step = (|| -> Result<CniResult, MetaError> {
             let exists = ns
                 .run(|| link_exists(&a.ifname))
-                .map_err(|e| CniError::internal("enter netns", e.to_string()))?;
+                .map_err(|source| MetaError::NetnsEnter { source })?;
             if exists {
-                return Err(CniError::invalid_config(
-                    format!("interface {} already exists in the pod", a.ifname),
-                    "another network or a previous ADD created it",
-                ));
+                return Err(MetaError::InterfaceExists {
+                    ifname: a.ifname.clone(),
+                });
             }
             undo.push(i);
-            let mut result = rt.add(list, att)?;
+            let mut result = rt.add(list, att).map_err(|source| MetaError::Delegate {
+                source: source.into(),
+            })?;
             apply_routes(rt, a, &list.name, att, netns, &mut result)?;
             Ok(result)
         })();
         match step {
             Ok(result) => done.push(Attached { index: i, result }),
             Err(e) => {
-                let failed = e.context(ctx(pod, a));
-                let rollback: Vec<CniError> = undo
+                let error = failed(pod, a, e);
+                let rollback: Vec<MetaError> = undo
                     .iter()
                     .rev()
                     .filter_map(|&j| {
                         let (l, att) = &prepared[j];
-                        rt.del(l, att)
-                            .err()
-                            .map(|e| e.context(format!("rollback of {}", ctx(pod, &plan[j]))))
+                        rt.del(l, att).err().map(|source| MetaError::Rollback {
+                            pod: pod.to_string(),
+                            network: plan[j].network.clone(),
+                            ifname: plan[j].ifname.clone(),
+                            source: source.into(),
+                        })
                     })
                     .collect();
                 if rollback.is_empty() {
-                    return Err(AddFailure {
-                        error: failed,
-                        clean: true,
-                    });
+                    return Err(error);
                 }
-                let details: Vec<String> = rollback.iter().map(ToString::to_string).collect();
-                return Err(AddFailure {
-                    error: CniError::new(
-                        failed.code,
-                        failed.msg,
-                        format!(
-                            "{}; rollback also failed: {}",
-                            failed.details,
-                            details.join(" / ")
-                        ),
-                    ),
-                    clean: false,
+                return Err(MetaError::RollbackFailed {
+                    source: Box::new(error),
+                    rollback,
                 });
             }
         }
@@ -157,7 +155,7 @@ fn apply_routes(
     att: &Attachment,
     netns: &str,
     result: &mut CniResult,
-) -> Result<(), CniError> {
+) -> Result<(), MetaError> {
     let gateways: Vec<std::net::IpAddr> = a
         .default_route
         .iter()
@@ -207,7 +205,11 @@ fn apply_routes(
             cached.cni_version = ver.clone();
             if let Ok(v) = cached.to_value(&ver) {
                 entry.result = Some(v);
-                cache.store(&entry)?;
+                cache
+                    .store(&entry)
+                    .map_err(|source| MetaError::ResultCache {
+                        source: source.into(),
+                    })?;
             }
         }
     }
@@ -222,24 +224,27 @@ pub fn del_all(
     container_id: &str,
     netns: &str,
     pod: &str,
-) -> Result<(), CniError> {
+) -> Result<(), MetaError> {
     // A netns path that no longer exists is passed as empty, as the runtime would.
     let netns = if !netns.is_empty() && NetNs::open(netns).is_err() {
         ""
     } else {
         netns
     };
-    let errors: Vec<CniError> = plan
+    let errors: Vec<MetaError> = plan
         .iter()
         .rev()
         .filter_map(|a| {
-            let res = a
-                .list()
-                .and_then(|l| attachment(container_id, netns, a).and_then(|att| rt.del(&l, &att)));
-            res.err().map(|e| e.context(ctx(pod, a)))
+            let res = a.list().and_then(|l| {
+                let att = attachment(container_id, netns, a)?;
+                rt.del(&l, &att).map_err(|source| MetaError::Delegate {
+                    source: source.into(),
+                })
+            });
+            res.err().map(|e| failed(pod, a, e))
         })
         .collect();
-    combine(errors).map_or(Ok(()), Err)
+    MetaError::combine(errors).map_or(Ok(()), Err)
 }
 
 /// CHECK every attachment (Multus checks only static delegates).
@@ -249,7 +254,7 @@ pub fn check_all(
     container_id: &str,
     netns: &str,
     pod: &str,
-) -> Result<(), CniError> {
+) -> Result<(), MetaError> {
     for a in plan {
         let list = a.list()?;
         // CHECK does not exist before 0.4.0: such networks are skipped, not failed.
@@ -258,7 +263,15 @@ pub fn check_all(
             continue;
         }
         let att = attachment(container_id, netns, a)?;
-        rt.check(&list, &att).map_err(|e| e.context(ctx(pod, a)))?;
+        rt.check(&list, &att).map_err(|source| {
+            failed(
+                pod,
+                a,
+                MetaError::Delegate {
+                    source: source.into(),
+                },
+            )
+        })?;
     }
     Ok(())
 }
@@ -270,5 +283,216 @@ pub fn forget_results(rt: &Runtime, plan: &[PlannedAttachment], container_id: &s
         if let Ok(list) = a.list() {
             let _ = cache.remove(&list.name, container_id, &a.ifname);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plexus_conf::error::CniError;
+    use serde_json::json;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// A plugin that answers ADD with an empty result or `add_fail`, and DEL with nothing or
+    /// `del_fail` (a CNI error printed with exit status 1).
+    fn plugin(dir: &Path, name: &str, add_fail: Option<&str>, del_fail: Option<&str>) {
+        let ok = r#"{"cniVersion":"1.0.0"}"#;
+        let answer = |fail: Option<&str>, ok: &str| match fail {
+            Some(e) => format!("echo '{e}'; exit 1"),
+            None => format!("echo '{ok}'"),
+        };
+        let body = format!(
+            "#!/bin/sh\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n  ADD) {};;\n  DEL) {};;\n  VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"1.0.0\"]}}';;\nesac\n",
+            answer(add_fail, ok),
+            answer(del_fail, ""),
+        );
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn attachment(network: &str, ifname: &str, plugin: &str) -> PlannedAttachment {
+        PlannedAttachment {
+            network: network.into(),
+            ifname: ifname.into(),
+            is_default: ifname == "eth0",
+            config: json!({"cniVersion":"1.0.0","name":network.rsplit('/').next(),"type":plugin}),
+            capability_args: Default::default(),
+            cni_args: "IgnoreUnknown=1".into(),
+            default_route: vec![],
+            filter_v4: false,
+            filter_v6: false,
+            resource_name: None,
+            dra: None,
+        }
+    }
+
+    fn runtime(dir: &Path) -> Runtime {
+        Runtime {
+            search_path: vec![dir.to_path_buf()],
+            timeout: Duration::from_secs(10),
+            cache: None,
+        }
+    }
+
+    /// ADD runs in this process' own namespace (interface names that do not exist here);
+    /// entering it needs CAP_SYS_ADMIN, as every test that enters a namespace.
+    fn own_netns() -> Option<&'static str> {
+        nix::unistd::geteuid()
+            .is_root()
+            .then_some("/proc/self/ns/net")
+    }
+
+    #[test]
+    fn a_failed_add_rolls_back_and_names_what_failed() {
+        let Some(netns) = own_netns() else {
+            eprintln!("skipped: needs root to enter a network namespace");
+            return;
+        };
+        let t = tempfile::tempdir().unwrap();
+        plugin(t.path(), "good", None, None);
+        plugin(
+            t.path(),
+            "bad",
+            Some(r#"{"code":42,"msg":"no lease","details":"pool empty"}"#),
+            None,
+        );
+        plugin(
+            t.path(),
+            "sticky",
+            None,
+            Some(r#"{"code":11,"msg":"busy","details":"try later"}"#),
+        );
+        let rt = runtime(t.path());
+        let pod = "pod db/p";
+
+        // A clean rollback: the failure itself, with its delegate's code.
+        let plan = vec![
+            attachment("cbr0", "plxt0", "good"),
+            attachment("db/mv", "plxt1", "bad"),
+        ];
+        let e = add_all(&rt, &plan, "c1", netns, pod).unwrap_err();
+        assert!(rolled_back_cleanly(&e));
+        match &e {
+            MetaError::Attachment {
+                pod,
+                network,
+                ifname,
+                source,
+            } => {
+                assert_eq!(
+                    (pod.as_str(), network.as_str(), ifname.as_str()),
+                    ("pod db/p", "db/mv", "plxt1")
+                );
+                assert!(
+                    matches!(&**source, MetaError::Delegate { source } if source.code == 42),
+                    "{source:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = CniError::from(e);
+        assert_eq!(c.code, 42);
+        assert!(
+            c.msg.starts_with("pod db/p, network db/mv (plxt1): ") && c.msg.ends_with("no lease"),
+            "{c}"
+        );
+
+        // A rollback DEL that fails too: the rollback failures ride along, not clean.
+        let plan = vec![
+            attachment("cbr0", "plxt0", "sticky"),
+            attachment("db/mv", "plxt1", "bad"),
+        ];
+        let e = add_all(&rt, &plan, "c2", netns, pod).unwrap_err();
+        assert!(!rolled_back_cleanly(&e));
+        match &e {
+            MetaError::RollbackFailed { source, rollback } => {
+                assert!(
+                    matches!(&**source, MetaError::Attachment { network, .. } if network == "db/mv")
+                );
+                assert_eq!(rollback.len(), 1);
+                assert!(
+                    matches!(&rollback[0], MetaError::Rollback { network, source, .. }
+                        if network == "cbr0" && source.code == 11),
+                    "{rollback:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(e.code(), 42);
+        assert!(
+            e.details()
+                .contains("rollback also failed: rollback of pod db/p, network cbr0 (plxt0)"),
+            "{e}"
+        );
+
+        // Everything fine: one result per attachment.
+        let plan = vec![attachment("cbr0", "plxt0", "good")];
+        assert_eq!(add_all(&rt, &plan, "c3", netns, pod).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn add_refuses_a_gone_netns_and_del_combines_every_failure() {
+        let t = tempfile::tempdir().unwrap();
+        plugin(t.path(), "good", None, None);
+        plugin(
+            t.path(),
+            "sticky",
+            None,
+            Some(r#"{"code":11,"msg":"busy","details":"try later"}"#),
+        );
+        let rt = runtime(t.path());
+        let plan = vec![
+            attachment("cbr0", "eth0", "sticky"),
+            attachment("db/mv", "net1", "sticky"),
+            attachment("db/ok", "net2", "good"),
+        ];
+        let f = add_all(
+            &rt,
+            &plan,
+            "c1",
+            "/run/netns/plexus-never-existed",
+            "pod db/p",
+        )
+        .unwrap_err();
+        assert!(rolled_back_cleanly(&f));
+        assert!(
+            matches!(&f, MetaError::NetnsOpen { pod, source } if pod == "pod db/p" && source.is_not_found()),
+            "{f:?}"
+        );
+        assert_eq!(f.code(), 3);
+
+        // DEL attempts every attachment (reverse order) and reports all failures.
+        let e = del_all(&rt, &plan, "c1", "", "pod db/p").unwrap_err();
+        let MetaError::Combined(all) = &e else {
+            panic!("{e:?}")
+        };
+        let networks: Vec<&str> = all
+            .iter()
+            .map(|e| match e {
+                MetaError::Attachment { network, .. } => network.as_str(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(networks, vec!["db/mv", "cbr0"]);
+        assert_eq!(e.code(), 11);
+
+        // A plugin that is not installed is found before anything runs.
+        let e =
+            validate_plugins(&rt, &[attachment("db/x", "net1", "nope")], "pod db/p").unwrap_err();
+        assert!(
+            matches!(&e, MetaError::PluginMissing { network, .. } if network == "db/x"),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 7);
+        // A planned config that is not a valid conflist.
+        let mut broken = attachment("db/y", "net1", "good");
+        broken.config = json!({"cniVersion":"1.0.0","name":"y"});
+        assert!(matches!(
+            validate_plugins(&rt, &[broken], "pod db/p").unwrap_err(),
+            MetaError::NetworkConfig { .. }
+        ));
     }
 }

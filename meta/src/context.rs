@@ -2,9 +2,9 @@
 //! Kubernetes client (built lazily, only when a verb needs the API; handed in by the daemon)
 //! and where async work runs (a runtime of the call's own, or the daemon's shared one).
 
+use crate::error::MetaError;
 use crate::k8s::{ClientOptions, InClusterEnv, KubeClient, RetryPolicy};
 use crate::state::PlanStore;
-use plexus_conf::error::{code, CniError};
 use plexus_conf::plexus_config::PlexusConfig;
 use plexus_delegates::cache::ResultCache;
 use plexus_delegates::skel::CmdArgs;
@@ -49,8 +49,10 @@ enum Exec {
 
 impl Ctx {
     /// Build from the call. `in_cluster` is the process's in-cluster env, if any.
-    pub fn new(args: &CmdArgs, in_cluster: Option<InClusterEnv>) -> Result<Self, CniError> {
-        let config = PlexusConfig::parse(&args.stdin)?;
+    pub fn new(args: &CmdArgs, in_cluster: Option<InClusterEnv>) -> Result<Self, MetaError> {
+        let config = PlexusConfig::parse(&args.stdin).map_err(|source| MetaError::Config {
+            source: source.into(),
+        })?;
         Ok(Self::from_config(config, &args.path, in_cluster))
     }
 
@@ -141,7 +143,7 @@ impl Ctx {
     }
 
     /// Run a future on this call's single-threaded runtime.
-    pub fn block_on<F: std::future::Future>(&mut self, f: F) -> Result<F::Output, CniError> {
+    pub fn block_on<F: std::future::Future>(&mut self, f: F) -> Result<F::Output, MetaError> {
         match &mut self.exec {
             Exec::Shared(h) => Ok(h.block_on(f)),
             Exec::Own(rt) => {
@@ -149,9 +151,7 @@ impl Ctx {
                     let built = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
-                        .map_err(|e| {
-                            CniError::internal("failed to start the async runtime", e.to_string())
-                        })?;
+                        .map_err(|source| MetaError::Runtime { source })?;
                     *rt = Some(built);
                 }
                 Ok(rt.as_ref().expect("runtime just set").block_on(f))
@@ -160,7 +160,7 @@ impl Ctx {
     }
 
     /// The Kubernetes client (`None` in static mode), built on first use.
-    pub fn client(&mut self) -> Result<Option<KubeClient>, CniError> {
+    pub fn client(&mut self) -> Result<Option<KubeClient>, MetaError> {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
@@ -169,7 +169,7 @@ impl Ctx {
         Ok(built)
     }
 
-    fn build_client(&mut self) -> Result<Option<KubeClient>, CniError> {
+    fn build_client(&mut self) -> Result<Option<KubeClient>, MetaError> {
         let _phase = plexus_delegates::timing::phase("client_build");
         let opts = ClientOptions {
             retry: RetryPolicy {
@@ -188,12 +188,8 @@ impl Ctx {
                 ApiSource::None => Ok(None),
             }
         })?;
-        built.map_err(|e| {
-            CniError::new(
-                e.cni_code(),
-                "cannot build the Kubernetes client",
-                e.to_string(),
-            )
+        built.map_err(|source| MetaError::KubeClient {
+            source: source.into(),
         })
     }
 
@@ -204,7 +200,7 @@ impl Ctx {
 }
 
 /// Wait for the readiness indicator file (ADD), up to the configured time.
-pub fn wait_ready(config: &PlexusConfig) -> Result<(), CniError> {
+pub fn wait_ready(config: &PlexusConfig) -> Result<(), MetaError> {
     if config.readiness_indicator_file.is_empty() {
         return Ok(());
     }
@@ -216,11 +212,9 @@ pub fn wait_ready(config: &PlexusConfig) -> Result<(), CniError> {
             return Ok(());
         }
         if std::time::Instant::now() >= deadline {
-            return Err(CniError::new(
-                code::TRY_AGAIN_LATER,
-                "the default network is not ready",
-                format!("readiness indicator file {} does not exist", path.display()),
-            ));
+            return Err(MetaError::NotReady {
+                file: path.to_path_buf(),
+            });
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -12,6 +12,7 @@ pub mod attach;
 pub mod context;
 pub mod daemon;
 pub mod devices;
+pub mod error;
 pub mod inputs;
 pub mod k8s;
 pub mod plan;

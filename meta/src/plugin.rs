@@ -61,7 +61,7 @@ impl Plugin for Plexus {
         let mut ctx = self.ctx(&args)?;
         let out = add::add(&mut ctx, &mut ApiInputs, &args);
         log_done("ADD", &args, out.is_ok(), started);
-        out
+        out.map_err(CniError::from)
     }
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
@@ -69,21 +69,21 @@ impl Plugin for Plexus {
         let mut ctx = self.ctx(&args)?;
         let out = del::del(&mut ctx, &mut ApiInputs, &args);
         log_done("DEL", &args, out.is_ok(), started);
-        out
+        out.map_err(CniError::from)
     }
 
     fn check(&self, args: CmdArgs) -> Result<(), CniError> {
         let mut ctx = self.ctx(&args)?;
-        verbs::check(&mut ctx, &args)
+        verbs::check(&mut ctx, &args).map_err(CniError::from)
     }
 
     fn status(&self, args: CmdArgs) -> Result<(), CniError> {
         let mut ctx = self.ctx(&args)?;
-        verbs::status(&mut ctx)
+        verbs::status(&mut ctx).map_err(CniError::from)
     }
 
     fn gc(&self, args: CmdArgs) -> Result<(), CniError> {
         let mut ctx = self.ctx(&args)?;
-        verbs::gc(&mut ctx, &args)
+        verbs::gc(&mut ctx, &args).map_err(CniError::from)
     }
 }

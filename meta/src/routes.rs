@@ -2,10 +2,10 @@
 //! attachment claims, and install `default via <gw> dev <if>` for the claiming attachment.
 //! All netlink work runs inside the pod netns on a dedicated thread with its own runtime.
 
+use crate::error::{BoxError, MetaError};
 use futures::TryStreamExt;
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
 use netlink_packet_route::AddressFamily;
-use plexus_conf::error::{code, CniError};
 use plexus_delegates::netns::NetNs;
 use rtnetlink::RouteMessageBuilder;
 use std::net::IpAddr;
@@ -23,12 +23,12 @@ pub struct RouteChange {
     pub gateways: Vec<IpAddr>,
 }
 
-fn err(ifname: &str, what: &str, e: impl std::fmt::Display) -> CniError {
-    CniError::new(
-        code::INTERNAL,
-        format!("default-route on {ifname}: {what}"),
-        e.to_string(),
-    )
+fn err(ifname: &str, what: &str, e: impl Into<BoxError>) -> MetaError {
+    MetaError::Route {
+        ifname: ifname.to_string(),
+        what: what.to_string(),
+        source: e.into(),
+    }
 }
 
 /// The main routing table (`RT_TABLE_MAIN`): policy tables (e.g. the `sbr` plugin's) are left alone.
@@ -65,7 +65,7 @@ fn is_unspecified(d: &RouteAddress) -> bool {
     }
 }
 
-async fn apply_async(change: &RouteChange) -> Result<(), CniError> {
+async fn apply_async(change: &RouteChange) -> Result<(), MetaError> {
     let ifname = change.ifname.as_str();
     let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| err(ifname, "netlink", e))?;
     tokio::spawn(conn);
@@ -129,7 +129,7 @@ async fn apply_async(change: &RouteChange) -> Result<(), CniError> {
 }
 
 /// Apply a change inside the namespace at `netns`.
-pub fn apply(netns: &str, change: &RouteChange) -> Result<(), CniError> {
+pub fn apply(netns: &str, change: &RouteChange) -> Result<(), MetaError> {
     let ns = NetNs::open(netns).map_err(|e| err(&change.ifname, "open netns", e))?;
     ns.run(|| {
         let rt = tokio::runtime::Builder::new_current_thread()

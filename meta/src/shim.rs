@@ -14,7 +14,8 @@
 //!   the container, which cleans up from the plan saved before the first delegate ran.
 
 use crate::daemon::protocol::{read_message, write_message, Request, Response, CNI_ENV};
-use plexus_conf::error::{code, CniError};
+use crate::error::MetaError;
+use plexus_conf::error::CniError;
 use plexus_delegates::skel::{self, Outcome, Plugin};
 use serde::Deserialize;
 use std::os::unix::net::UnixStream;
@@ -70,15 +71,14 @@ pub fn forward(socket: &str, req: &Request) -> Result<Response, ForwardError> {
     read_message(&mut conn, 16 << 20).map_err(ForwardError::NoAnswer)
 }
 
-fn try_again(msg: String, details: String, stdin: &[u8]) -> Outcome {
+/// The edge of an ADD the shim cannot serve: `err` (code 11) as the CNI error printed.
+fn try_again(err: MetaError, stdin: &[u8]) -> Outcome {
     let ver = serde_json::from_slice::<serde_json::Value>(stdin)
         .ok()
         .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
         .unwrap_or_else(|| plexus_conf::version::CURRENT.to_string());
     Outcome {
-        stdout: CniError::new(code::TRY_AGAIN_LATER, msg, details)
-            .with_version(&ver)
-            .to_json(),
+        stdout: CniError::from(err).with_version(&ver).to_json(),
         exit_code: 1,
     }
 }
@@ -115,17 +115,19 @@ pub fn run(
                 skel::dispatch(thin, env, stdin)
             }
             Err(why) => try_again(
-                format!("the plexus daemon at {} is unreachable", conf.daemon_socket),
-                format!("{e}; no in-process ADD: {why}"),
+                MetaError::DaemonUnreachable {
+                    socket: conf.daemon_socket.clone(),
+                    why,
+                    source: e,
+                },
                 &stdin,
             ),
         },
         Err(ForwardError::NoAnswer(e)) if verb == "ADD" => try_again(
-            format!(
-                "the plexus daemon at {} did not answer the ADD",
-                conf.daemon_socket
-            ),
-            format!("{e}; the runtime's DEL undoes whatever it started, from the saved plan"),
+            MetaError::DaemonNoAnswer {
+                socket: conf.daemon_socket.clone(),
+                source: e,
+            },
             &stdin,
         ),
         // DEL, CHECK, STATUS, GC: in-process, from the saved plans.
@@ -162,5 +164,40 @@ mod tests {
             .add_falls_back_to_thin()
             .unwrap_err()
             .contains("kubeconfig"));
+    }
+
+    #[test]
+    fn an_unreachable_daemon_is_try_again_later_naming_the_socket() {
+        let conf = ShimConfig {
+            daemon_socket: "/nonexistent/plexus.sock".into(),
+            daemon_unavailable: "tryAgain".into(),
+            kubeconfig: String::new(),
+        };
+        let env = |k: &str| (k == "CNI_COMMAND").then(|| "ADD".to_string());
+        struct Never;
+        impl Plugin for Never {
+            fn add(&self, _: skel::CmdArgs) -> Result<skel::AddOutput, CniError> {
+                unreachable!("no thin fallback with tryAgain")
+            }
+            fn del(&self, _: skel::CmdArgs) -> Result<(), CniError> {
+                unreachable!()
+            }
+            fn check(&self, _: skel::CmdArgs) -> Result<(), CniError> {
+                unreachable!()
+            }
+        }
+        let out = run(&conf, env, br#"{"cniVersion":"1.0.0"}"#.to_vec(), &Never);
+        let e: CniError = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!((e.code, out.exit_code), (11, 1));
+        assert_eq!(
+            e.msg,
+            "the plexus daemon at /nonexistent/plexus.sock is unreachable"
+        );
+        assert!(
+            e.details
+                .ends_with("; no in-process ADD: daemonUnavailable is \"tryAgain\""),
+            "{e}"
+        );
+        assert_eq!(e.cni_version, "1.0.0");
     }
 }

@@ -1,9 +1,9 @@
 //! The attachment plan saved at ADD (before any delegate runs) so that DEL can undo everything
 //! with no API request, whatever happened to the pod, the NADs or the API server since.
 
+use crate::error::MetaError;
 use crate::plan::PlannedAttachment;
 use crate::pod::PodIdentity;
-use plexus_conf::error::{code, CniError};
 use plexus_delegates::fsutil;
 use plexus_delegates::lock::FileLock;
 use serde::{Deserialize, Serialize};
@@ -79,76 +79,56 @@ impl PlanStore {
 
     /// Serialise operations on one container (the spec forbids parallel calls, but runtimes
     /// retry and GC may run concurrently).
-    pub fn lock(&self, container_id: &str) -> Result<FileLock, CniError> {
+    pub fn lock(&self, container_id: &str) -> Result<FileLock, MetaError> {
         let p = self.dir.join("locks").join(format!("{container_id}.lock"));
-        FileLock::acquire(&p, Duration::from_secs(120)).map_err(|e| {
-            // Another call holding the lock is worth a retry; a state directory that cannot
-            // be written is an I/O failure that retrying will not fix.
-            let c = if e.kind() == std::io::ErrorKind::TimedOut {
-                code::TRY_AGAIN_LATER
-            } else {
-                code::IO_FAILURE
-            };
-            CniError::new(
-                c,
-                format!("container {container_id}: cannot take the plexus lock"),
-                format!("{}: {e}", p.display()),
-            )
+        // Another call holding the lock (TimedOut) is worth a retry (11); a state directory that
+        // cannot be written is an I/O failure that retrying will not fix (5).
+        FileLock::acquire(&p, Duration::from_secs(120)).map_err(|source| MetaError::Lock {
+            container_id: container_id.to_string(),
+            path: p.clone(),
+            source,
         })
     }
 
     /// Save (atomic, 0600).
-    pub fn save(&self, plan: &SavedPlan) -> Result<(), CniError> {
+    pub fn save(&self, plan: &SavedPlan) -> Result<(), MetaError> {
         let _phase = plexus_delegates::timing::phase("plan_save");
         let p = self.path(&plan.container_id, &plan.ifname);
-        let bytes = serde_json::to_vec(plan)
-            .map_err(|e| CniError::internal("failed to encode plan", e.to_string()))?;
-        fsutil::write_atomic(&p, &bytes, 0o600).map_err(|e| {
-            CniError::new(
-                code::IO_FAILURE,
-                "failed to save the attachment plan",
-                format!("{}: {e}", p.display()),
-            )
+        let bytes = serde_json::to_vec(plan).map_err(|source| MetaError::PlanEncode { source })?;
+        fsutil::write_atomic(&p, &bytes, 0o600).map_err(|source| MetaError::PlanSave {
+            path: p.clone(),
+            source,
         })
     }
 
     /// Load; `Ok(None)` when there is none, an error only when it exists but is unusable.
-    pub fn load(&self, container_id: &str, ifname: &str) -> Result<Option<SavedPlan>, CniError> {
+    pub fn load(&self, container_id: &str, ifname: &str) -> Result<Option<SavedPlan>, MetaError> {
         let p = self.path(container_id, ifname);
-        let Some(bytes) = fsutil::read_optional(&p).map_err(|e| {
-            // An oversized plan is as unusable as a corrupt one (code 6).
-            let code = match e.kind() {
-                std::io::ErrorKind::InvalidData => code::DECODE_FAILURE,
-                _ => code::IO_FAILURE,
-            };
-            CniError::new(
-                code,
-                "failed to read the attachment plan",
-                format!("{}: {e}", p.display()),
-            )
+        // An oversized plan (InvalidData) is as unusable as a corrupt one (code 6).
+        let Some(bytes) = fsutil::read_optional(&p).map_err(|source| MetaError::PlanRead {
+            path: p.clone(),
+            source,
         })?
         else {
             return Ok(None);
         };
         match serde_json::from_slice::<SavedPlan>(&bytes) {
             Ok(plan) if plan.kind == KIND => Ok(Some(plan)),
-            Ok(_) | Err(_) => Err(CniError::decode(
-                "corrupt attachment plan",
-                p.display().to_string(),
-            )),
+            Ok(_) => Err(MetaError::CorruptPlan {
+                path: p,
+                source: None,
+            }),
+            Err(e) => Err(MetaError::CorruptPlan {
+                path: p,
+                source: Some(e),
+            }),
         }
     }
 
     /// Remove; already gone is success.
-    pub fn remove(&self, container_id: &str, ifname: &str) -> Result<(), CniError> {
+    pub fn remove(&self, container_id: &str, ifname: &str) -> Result<(), MetaError> {
         let p = self.path(container_id, ifname);
-        fsutil::remove_if_exists(&p).map_err(|e| {
-            CniError::new(
-                code::IO_FAILURE,
-                "failed to remove the attachment plan",
-                format!("{}: {e}", p.display()),
-            )
-        })
+        fsutil::remove_if_exists(&p).map_err(|source| MetaError::PlanRemove { path: p, source })
     }
 
     fn tombstone(&self, container_id: &str, ifname: &str) -> PathBuf {
@@ -257,15 +237,35 @@ mod tests {
         s.remove("c1", "eth0").unwrap();
         assert!(s.load("c1", "eth0").unwrap().is_none());
         std::fs::write(t.path().join("plans/c2-eth0.json"), b"{trunc").unwrap();
-        assert_eq!(s.load("c2", "eth0").unwrap_err().code, 6);
+        let e = s.load("c2", "eth0").unwrap_err();
+        assert!(
+            matches!(&e, MetaError::CorruptPlan { source: Some(_), path } if path.ends_with("c2-eth0.json")),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 6);
+        // Valid JSON of another kind is as corrupt.
+        let other = SavedPlan {
+            kind: "somethingElseV1".into(),
+            ..SavedPlan::new("c4", "eth0", "", None, vec![])
+        };
+        std::fs::write(
+            t.path().join("plans/c4-eth0.json"),
+            serde_json::to_vec(&other).unwrap(),
+        )
+        .unwrap();
+        assert!(matches!(
+            s.load("c4", "eth0").unwrap_err(),
+            MetaError::CorruptPlan { source: None, .. }
+        ));
         // An oversized plan is refused before it is read, naming its size and the limit.
         let big = std::fs::File::create(t.path().join("plans/c3-eth0.json")).unwrap();
         big.set_len(fsutil::MAX_STATE_FILE_BYTES as u64 + 1)
             .unwrap();
         let e = s.load("c3", "eth0").unwrap_err();
-        assert_eq!(e.code, 6);
+        assert!(matches!(&e, MetaError::PlanRead { .. }), "{e:?}");
+        assert_eq!(e.code(), 6);
         assert!(
-            e.details.ends_with(&format!(
+            e.details().ends_with(&format!(
                 "file is too large: {} bytes, the limit is {} bytes",
                 fsutil::MAX_STATE_FILE_BYTES + 1,
                 fsutil::MAX_STATE_FILE_BYTES
@@ -295,7 +295,17 @@ mod tests {
         let blocked = t.path().join("not-a-dir");
         std::fs::write(&blocked, b"").unwrap();
         let e = PlanStore::new(&blocked).lock("c1").unwrap_err();
-        assert_eq!(e.code, code::IO_FAILURE, "{e}");
-        assert!(e.details.contains("not-a-dir"), "{e}");
+        assert!(
+            matches!(&e, MetaError::Lock { container_id, path, .. } if container_id == "c1" && path.starts_with(&blocked)),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), plexus_conf::error::code::IO_FAILURE, "{e}");
+        assert!(e.details().contains("not-a-dir"), "{e}");
+        // Saving there fails as an I/O failure too.
+        let e = PlanStore::new(&blocked)
+            .save(&SavedPlan::new("c1", "eth0", "", None, vec![]))
+            .unwrap_err();
+        assert!(matches!(e, MetaError::PlanSave { .. }), "{e:?}");
+        assert_eq!(e.code(), plexus_conf::error::code::IO_FAILURE);
     }
 }

@@ -154,27 +154,27 @@ impl Plugin for DaemonPlugin<'_> {
         let out = add::add(&mut ctx, &mut inputs, &args);
         tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             phases = ?plexus_delegates::timing::summary(), "ADD done");
-        out
+        out.map_err(CniError::from)
     }
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
         let (mut ctx, mut inputs) = self.ctx(&args)?;
-        del::del(&mut ctx, &mut inputs, &args)
+        del::del(&mut ctx, &mut inputs, &args).map_err(CniError::from)
     }
 
     fn check(&self, args: CmdArgs) -> Result<(), CniError> {
         let (mut ctx, _) = self.ctx(&args)?;
-        check::check(&mut ctx, &args)
+        check::check(&mut ctx, &args).map_err(CniError::from)
     }
 
     fn status(&self, args: CmdArgs) -> Result<(), CniError> {
         let (mut ctx, _) = self.ctx(&args)?;
-        check::status(&mut ctx)
+        check::status(&mut ctx).map_err(CniError::from)
     }
 
     fn gc(&self, args: CmdArgs) -> Result<(), CniError> {
         let (mut ctx, _) = self.ctx(&args)?;
-        check::gc(&mut ctx, &args)
+        check::gc(&mut ctx, &args).map_err(CniError::from)
     }
 }
 

@@ -4,11 +4,11 @@
 //! without them (a GPU in the same claim) are skipped; a claim without allocation, or a device
 //! the slices do not describe, is an error naming it.
 
+use crate::error::MetaError;
 use crate::k8s::KubeClient;
 use crate::plan::DeviceMap;
 use crate::pod::{ExtendedClaim, PodClaims};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use plexus_conf::error::{code, CniError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,24 +47,22 @@ struct Allocated {
     request: String,
 }
 
-fn err(label: &str, msg: String, details: impl Into<String>) -> CniError {
-    CniError::new(code::INVALID_CONFIG, format!("{label}: {msg}"), details)
-}
-
 /// The allocation results of `claim`; an error when it has none yet.
-fn allocated(claim: &ResourceClaim, label: &str) -> Result<Vec<Allocated>, CniError> {
+fn allocated(claim: &ResourceClaim, label: &str) -> Result<Vec<Allocated>, MetaError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let results = claim
         .status
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
-        .map(|a| a.devices.as_ref().and_then(|d| d.results.clone()).unwrap_or_default())
-        .ok_or_else(|| {
-            CniError::new(
-                code::TRY_AGAIN_LATER,
-                format!("{label}: ResourceClaim {name} is not allocated"),
-                "the claim has no status.allocation yet; the scheduler allocates it before the pod starts",
-            )
+        .map(|a| {
+            a.devices
+                .as_ref()
+                .and_then(|d| d.results.clone())
+                .unwrap_or_default()
+        })
+        .ok_or_else(|| MetaError::ClaimNotAllocated {
+            pod: label.to_string(),
+            name: name.clone(),
         })?;
     Ok(results
         .into_iter()
@@ -104,7 +102,7 @@ pub fn resolve(
     extended: Option<&ExtendedClaim>,
     slices: &[ResourceSlice],
     label: &str,
-) -> Result<Vec<DraDevice>, CniError> {
+) -> Result<Vec<DraDevice>, MetaError> {
     let mut all = Vec::new();
     for claim in claims {
         all.extend(allocated(claim, label)?);
@@ -120,7 +118,7 @@ fn resolve_allocated(
     extended: Option<&ExtendedClaim>,
     slices: &[ResourceSlice],
     label: &str,
-) -> Result<Vec<DraDevice>, CniError> {
+) -> Result<Vec<DraDevice>, MetaError> {
     let mut out = Vec::new();
     for a in all {
         let mapping = extended.filter(|e| e.claim_name == a.claim);
@@ -130,14 +128,12 @@ fn resolve_allocated(
                 && attribute(s, &a.device, DEVICE_ID_ATTR).is_some()
         });
         let Some(slice) = slice else {
-            return Err(err(
-                    label,
-                    format!(
-                        "device {}/{}/{} of ResourceClaim {} is not in any ResourceSlice of node {node}",
-                        a.driver, a.pool, a.device, a.claim
-                    ),
-                    "the DRA driver has not published it (or unpublished it); the claim cannot be used",
-                ));
+            return Err(MetaError::DraDeviceUnpublished {
+                pod: label.to_string(),
+                device: format!("{}/{}/{}", a.driver, a.pool, a.device),
+                claim: a.claim,
+                node: node.to_string(),
+            });
         };
         let Some(device_id) = attribute(slice, &a.device, DEVICE_ID_ATTR).flatten() else {
             tracing::debug!(device = %a.device, "allocated device has no deviceID attribute: not a network device");
@@ -151,14 +147,13 @@ fn resolve_allocated(
                     continue;
                 };
                 if let Some(got) = attr_resource.as_ref().filter(|g| *g != wanted) {
-                    return Err(err(
-                            label,
-                            format!(
-                                "device {} of ResourceClaim {} has resourceName {got}, but the pod's extended resource {wanted} maps to it",
-                                a.device, a.claim
-                            ),
-                            format!("attribute {RESOURCE_NAME_ATTR} must equal the extended resource name"),
-                        ));
+                    return Err(MetaError::DraResourceMismatch {
+                        pod: label.to_string(),
+                        device: a.device,
+                        claim: a.claim,
+                        got: got.clone(),
+                        wanted: wanted.clone(),
+                    });
                 }
                 wanted.clone()
             }
@@ -202,20 +197,17 @@ async fn list_slices(
     node: &str,
     drivers: &BTreeSet<String>,
     label: &str,
-) -> Result<Vec<ResourceSlice>, CniError> {
+) -> Result<Vec<ResourceSlice>, MetaError> {
     let listed =
         futures::future::join_all(drivers.iter().map(|d| client.list_resource_slices(node, d)))
             .await;
     let mut slices = Vec::new();
     for (driver, got) in drivers.iter().zip(listed) {
-        slices.extend(got.map_err(|e| {
-            CniError::new(
-                e.cni_code(),
-                format!(
-                    "{label}: cannot list the ResourceSlices of driver {driver} on node {node}"
-                ),
-                e.to_string(),
-            )
+        slices.extend(got.map_err(|source| MetaError::SliceList {
+            pod: label.to_string(),
+            driver: driver.clone(),
+            node: node.to_string(),
+            source: source.into(),
         })?);
     }
     Ok(slices)
@@ -231,7 +223,7 @@ pub async fn lookup_named(
     pod: &PodClaims,
     named: &[crate::devices::podresources::ClaimDevice],
     label: &str,
-) -> Option<Result<Vec<DraDevice>, CniError>> {
+) -> Option<Result<Vec<DraDevice>, MetaError>> {
     let named: Vec<_> = named
         .iter()
         .filter(|d| d.claim_namespace == namespace)
@@ -269,7 +261,7 @@ pub async fn lookup(
     namespace: &str,
     pod: &PodClaims,
     label: &str,
-) -> Result<Vec<DraDevice>, CniError> {
+) -> Result<Vec<DraDevice>, MetaError> {
     let mut names: Vec<&str> = pod.claims.iter().map(String::as_str).collect();
     if let Some(e) = &pod.extended {
         if !names.contains(&e.claim_name.as_str()) {
@@ -287,18 +279,19 @@ pub async fn lookup(
         match got {
             Ok(Some(c)) => claims.push(c),
             Ok(None) => {
-                return Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
-                    format!("{label}: ResourceClaim {namespace}/{name} does not exist"),
-                    "the pod's status names a claim the API server does not have",
-                ))
+                return Err(MetaError::ClaimMissing {
+                    pod: label.to_string(),
+                    ns: namespace.to_string(),
+                    name: name.to_string(),
+                })
             }
-            Err(e) => {
-                return Err(CniError::new(
-                    e.cni_code(),
-                    format!("{label}: cannot read ResourceClaim {namespace}/{name}"),
-                    e.to_string(),
-                ))
+            Err(source) => {
+                return Err(MetaError::ClaimRead {
+                    pod: label.to_string(),
+                    ns: namespace.to_string(),
+                    name: name.to_string(),
+                    source: source.into(),
+                })
             }
         }
     }
@@ -402,16 +395,18 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            e.msg.contains("ResourceClaim pending is not allocated"),
-            "{e}"
+            matches!(&e, MetaError::ClaimNotAllocated { pod, name } if pod == "pod bank/pg-0" && name == "pending"),
+            "{e:?}"
         );
-        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert_eq!(e.code(), plexus_conf::error::code::TRY_AGAIN_LATER);
         let c = claim("pg-vfs", json!([result("vfs", "vf-9")]));
         let e = resolve("bank", "node1", &[c], None, &slices(), "pod bank/pg-0").unwrap_err();
         assert!(
-            e.msg.contains("vf-9") && e.msg.contains("pg-vfs") && e.msg.contains("node1"),
-            "{e}"
+            matches!(&e, MetaError::DraDeviceUnpublished { device, claim, node, .. }
+                if device == "sriov.example.com/node1/vf-9" && claim == "pg-vfs" && node == "node1"),
+            "{e:?}"
         );
+        assert_eq!(e.code(), plexus_conf::error::code::INVALID_CONFIG);
     }
 
     #[test]
@@ -433,8 +428,9 @@ mod tests {
         let bad = claim("pg-ext", json!([result("container-0-request-0", "vf-2")]));
         let e = resolve("bank", "node1", &[bad], Some(&ext), &slices(), "pod").unwrap_err();
         assert!(
-            e.msg.contains("intel.com/sriov_b") && e.msg.contains("intel.com/sriov_c"),
-            "{e}"
+            matches!(&e, MetaError::DraResourceMismatch { got, wanted, .. }
+                if got == "intel.com/sriov_b" && wanted == "intel.com/sriov_c"),
+            "{e:?}"
         );
     }
 }

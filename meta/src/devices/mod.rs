@@ -9,9 +9,9 @@ pub mod dra;
 pub mod podresources;
 
 use crate::context::Ctx;
+use crate::error::MetaError;
 use crate::plan::DeviceMap;
 use crate::pod::PodInfo;
-use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::checkpoint;
 use podresources::PodAllocations;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ const POD_RESOURCES_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Devices allocated to `pod`, per resource: the pod-resources API when its socket answers,
 /// else the checkpoint file.
-pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, CniError> {
+pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, MetaError> {
     let label = format!("pod {}", pod.id.key());
     let socket = PathBuf::from(&ctx.config.pod_resources_socket);
     let (ns, name) = (pod.id.namespace.clone(), pod.id.name.clone());
@@ -38,7 +38,7 @@ pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, CniError> 
         }
         Err(e) => {
             tracing::info!(error = %e, "pod-resources API unavailable; reading the device checkpoint");
-            Some(e.to_string())
+            Some(e)
         }
     };
     let cp_path = PathBuf::from(&ctx.config.device_checkpoint_file);
@@ -46,19 +46,14 @@ pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, CniError> 
         devices,
         claim_devices: named.clone(),
     };
-    match from_checkpoint(&cp_path, &pod.id.uid, &label) {
-        Ok(devices) => Ok(with_named(devices)),
+    match (from_checkpoint(&cp_path, &pod.id.uid, &label), api_err) {
+        (Ok(devices), _) => Ok(with_named(devices)),
         // The API answered (with no devices) but there is no checkpoint: nothing is allocated.
-        Err(_) if api_err.is_none() => Ok(with_named(DeviceMap::new())),
-        Err(e) => Err(CniError::new(
-            e.code,
-            e.msg,
-            format!(
-                "{}; pod-resources: {}",
-                e.details,
-                api_err.unwrap_or_default()
-            ),
-        )),
+        (Err(_), None) => Ok(with_named(DeviceMap::new())),
+        (Err(e), Some(pod_resources)) => Err(MetaError::DevicesUnavailable {
+            source: Box::new(e),
+            pod_resources,
+        }),
     }
 }
 
@@ -66,12 +61,25 @@ pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, CniError> 
 /// first; for resources it does not cover, the pod's DRA claims (only pods that have claims pay
 /// the claim GETs and slice LISTs). `claims` is the pod's DRA side when the pod object was
 /// read; `None` means it must be read (one GET) before the claims can be known.
-pub fn allocated(
+///
+/// Generic over the error only so that `daemon::cache`'s [`crate::inputs::Inputs`] impl,
+/// whose trait still returns `CniError`, can return it as it is; elsewhere the error is a
+/// [`MetaError`].
+pub fn allocated<E: From<MetaError>>(
     ctx: &mut Ctx,
     client: Option<&crate::k8s::KubeClient>,
     pod: &PodInfo,
     wanted: &std::collections::BTreeSet<String>,
-) -> Result<(DeviceMap, Vec<dra::DraDevice>), CniError> {
+) -> Result<(DeviceMap, Vec<dra::DraDevice>), E> {
+    allocated_typed(ctx, client, pod, wanted).map_err(E::from)
+}
+
+fn allocated_typed(
+    ctx: &mut Ctx,
+    client: Option<&crate::k8s::KubeClient>,
+    pod: &PodInfo,
+    wanted: &std::collections::BTreeSet<String>,
+) -> Result<(DeviceMap, Vec<dra::DraDevice>), MetaError> {
     let label = format!("pod {}", pod.id.key());
     let (plugin, named) = match lookup(ctx, pod) {
         Ok(a) => (Ok(a.devices), a.claim_devices),
@@ -86,7 +94,7 @@ pub fn allocated(
     };
     let claims = match &pod.claims {
         Some(c) => c.clone(),
-        None => crate::inputs::api::fetch_pod(ctx, Some(client), Some(&pod.id))?
+        None => crate::inputs::api::fetch_pod::<MetaError>(ctx, Some(client), Some(&pod.id))?
             .and_then(|p| p.claims)
             .unwrap_or_default(),
     };
@@ -149,16 +157,72 @@ pub fn annotate(
 }
 
 /// Read the kubelet device-manager checkpoint for the pod with `uid`.
-pub fn from_checkpoint(path: &Path, uid: &str, label: &str) -> Result<DeviceMap, CniError> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        CniError::new(
-            code::TRY_AGAIN_LATER,
-            format!("{label}: cannot find the devices the kubelet allocated"),
-            format!(
-                "the device checkpoint {} is unreadable: {e}",
-                path.display()
-            ),
-        )
+pub fn from_checkpoint(path: &Path, uid: &str, label: &str) -> Result<DeviceMap, MetaError> {
+    let bytes = std::fs::read(path).map_err(|source| MetaError::CheckpointUnreadable {
+        pod: label.to_string(),
+        path: path.to_path_buf(),
+        source,
     })?;
-    checkpoint::pod_devices(&bytes, uid).map_err(|e| e.context(label))
+    checkpoint::pod_devices(&bytes, uid).map_err(|source| MetaError::CheckpointInvalid {
+        pod: label.to_string(),
+        source: source.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::PodIdentity;
+    use plexus_conf::plexus_config::PlexusConfig;
+
+    #[test]
+    fn without_kubelet_sources_the_error_names_both() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = PlexusConfig::parse(
+            serde_json::json!({"cniVersion":"1.0.0","name":"p","type":"plexus",
+                "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}],
+                "podResourcesSocket": t.path().join("kubelet.sock"),
+                "deviceCheckpointFile": t.path().join("kubelet_internal_checkpoint")})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut ctx = Ctx::from_config(cfg, &[], None);
+        let pod = PodInfo {
+            id: PodIdentity {
+                namespace: "bank".into(),
+                name: "pg-0".into(),
+                uid: "u1".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = lookup(&mut ctx, &pod).unwrap_err();
+        match &e {
+            MetaError::DevicesUnavailable {
+                source,
+                pod_resources,
+            } => {
+                assert!(
+                    matches!(&**source, MetaError::CheckpointUnreadable { pod, .. } if pod == "pod bank/pg-0"),
+                    "{source:?}"
+                );
+                assert!(pod_resources.is_unavailable(), "{pod_resources:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(e.code(), 11);
+        assert!(e.details().contains("; pod-resources: "), "{e}");
+
+        // A checkpoint that is not JSON.
+        std::fs::write(t.path().join("kubelet_internal_checkpoint"), b"{").unwrap();
+        let e = from_checkpoint(
+            &t.path().join("kubelet_internal_checkpoint"),
+            "u1",
+            "pod bank/pg-0",
+        )
+        .unwrap_err();
+        assert!(matches!(e, MetaError::CheckpointInvalid { .. }), "{e:?}");
+        assert_eq!(e.code(), 6);
+    }
 }

@@ -4,6 +4,7 @@
 use super::Inputs;
 use crate::context::Ctx;
 use crate::devices::dra::DraDevice;
+use crate::error::MetaError;
 use crate::k8s::KubeClient;
 use crate::plan::requests::NadMap;
 use crate::plan::resolve::NadData;
@@ -24,6 +25,32 @@ pub struct ApiInputs;
 
 impl Inputs for ApiInputs {
     fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
+        Ok(self.pod_typed(ctx, id)?)
+    }
+
+    fn nads(
+        &mut self,
+        ctx: &mut Ctx,
+        refs: &[(String, String)],
+        label: &str,
+    ) -> Result<NadMap, CniError> {
+        Ok(self.nads_typed(ctx, refs, label)?)
+    }
+
+    fn devices(
+        &mut self,
+        ctx: &mut Ctx,
+        pod: &PodInfo,
+        wanted: &BTreeSet<String>,
+    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+        Ok(self.devices_typed(ctx, pod, wanted)?)
+    }
+
+    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+        Ok(self.client_typed(ctx)?)
+    }
+
+    fn pod_typed(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
         let client = ctx.client()?;
         if client.is_some() {
             if let Some(p) = pod_from_runtime(&ctx.config, Some(id)) {
@@ -33,27 +60,27 @@ impl Inputs for ApiInputs {
         fetch_pod(ctx, client.as_ref(), Some(id))
     }
 
-    fn nads(
+    fn nads_typed(
         &mut self,
         ctx: &mut Ctx,
         refs: &[(String, String)],
         label: &str,
-    ) -> Result<NadMap, CniError> {
+    ) -> Result<NadMap, MetaError> {
         let client = ctx.client()?;
         fetch_nads(ctx, client.as_ref(), refs, label)
     }
 
-    fn devices(
+    fn devices_typed(
         &mut self,
         ctx: &mut Ctx,
         pod: &PodInfo,
         wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
         let client = ctx.client()?;
         crate::devices::allocated(ctx, client.as_ref(), pod, wanted)
     }
 
-    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+    fn client_typed(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         ctx.client()
     }
 }
@@ -78,11 +105,23 @@ pub fn pod_from_runtime(config: &PlexusConfig, id: Option<&PodIdentity>) -> Opti
 }
 
 /// Fetch the pod (bounded retry). `Ok(None)`: no API, no pod identity, or the pod is gone.
-pub fn fetch_pod(
+/// Fails with [`MetaError::PodRead`].
+///
+/// Generic over the error only so that `daemon::cache`'s [`Inputs`] impl, whose trait still
+/// returns `CniError`, can return it as it is; elsewhere call `fetch_pod::<MetaError>`.
+pub fn fetch_pod<E: From<MetaError>>(
     ctx: &mut Ctx,
     client: Option<&KubeClient>,
     id: Option<&PodIdentity>,
-) -> Result<Option<PodInfo>, CniError> {
+) -> Result<Option<PodInfo>, E> {
+    read_pod(ctx, client, id).map_err(E::from)
+}
+
+fn read_pod(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    id: Option<&PodIdentity>,
+) -> Result<Option<PodInfo>, MetaError> {
     let (Some(client), Some(id)) = (client, id) else {
         return Ok(None);
     };
@@ -95,21 +134,21 @@ pub fn fetch_pod(
             tracing::warn!(pod = %id.key(), "pod not found (already deleted?): only the default network and the static config are known for it");
             Ok(None)
         }
-        Err(e) => Err(CniError::new(
-            e.cni_code(),
-            format!("pod {}: cannot read the pod", id.key()),
-            e.to_string(),
-        )),
+        Err(source) => Err(MetaError::PodRead {
+            pod: id.key(),
+            source: source.into(),
+        }),
     }
 }
 
-/// Fetch NADs concurrently into a map.
+/// Fetch NADs concurrently into a map (a missing NAD maps to `None`); a NAD that cannot be
+/// read fails with [`MetaError::NadRead`].
 pub fn fetch_nads(
     ctx: &mut Ctx,
     client: Option<&KubeClient>,
     refs: &[(String, String)],
     pod: &str,
-) -> Result<NadMap, CniError> {
+) -> Result<NadMap, MetaError> {
     let mut map = NadMap::new();
     if refs.is_empty() {
         return Ok(map);
@@ -125,17 +164,103 @@ pub fn fetch_nads(
             Ok(nad) => {
                 map.insert(rf.clone(), nad.as_ref().map(NadData::from_nad));
             }
-            Err(e) => {
-                return Err(CniError::new(
-                    e.cni_code(),
-                    format!(
-                        "{pod}, network {}/{}: cannot read the NetworkAttachmentDefinition",
-                        rf.0, rf.1
-                    ),
-                    e.to_string(),
-                ))
+            Err(source) => {
+                return Err(MetaError::NadRead {
+                    pod: pod.to_string(),
+                    ns: rf.0.clone(),
+                    name: rf.1.clone(),
+                    source: source.into(),
+                })
             }
         }
     }
     Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::ClientOptions;
+    use kube::client::Body;
+
+    /// A client whose API server answers every request with `status` and a `Status` body.
+    fn client_answering(rt: &tokio::runtime::Runtime, status: u16) -> KubeClient {
+        let _in_rt = rt.enter();
+        let svc = tower::service_fn(move |_req: http::Request<Body>| async move {
+            let body = format!(
+                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","reason":"{}","code":{status}}}"#,
+                if status == 404 {
+                    "NotFound"
+                } else {
+                    "Forbidden"
+                }
+            );
+            http::Response::builder()
+                .status(status)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.into_bytes()))
+        });
+        KubeClient::from_client(kube::Client::new(svc, "default"), ClientOptions::default())
+    }
+
+    fn ctx(rt: &tokio::runtime::Runtime, client: KubeClient) -> Ctx {
+        let cfg = PlexusConfig::parse(
+            br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]}"#,
+        )
+        .unwrap();
+        Ctx::from_config(cfg, &[], None).with_shared(rt.handle().clone(), Some(client))
+    }
+
+    fn id() -> PodIdentity {
+        PodIdentity {
+            namespace: "db".into(),
+            name: "p".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_refused_read_names_the_pod_or_the_nad_and_keeps_the_api_error() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = client_answering(&rt, 403);
+        let mut ctx = ctx(&rt, client.clone());
+
+        let e = fetch_pod::<MetaError>(&mut ctx, Some(&client), Some(&id())).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::PodRead { pod, source } if pod == "db/p"
+                && matches!(**source, crate::k8s::K8sError::Api { code: 403, .. })),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 102);
+
+        let refs = vec![("db".to_string(), "mv".to_string())];
+        let e = ApiInputs
+            .nads_typed(&mut ctx, &refs, "pod db/p")
+            .unwrap_err();
+        assert!(
+            matches!(&e, MetaError::NadRead { ns, name, source, .. }
+                if ns == "db" && name == "mv" && matches!(**source, crate::k8s::K8sError::Api { code: 403, .. })),
+            "{e:?}"
+        );
+        // Through the wire-format methods the same error arrives as the CniError it becomes.
+        let c = ApiInputs.nads(&mut ctx, &refs, "pod db/p").unwrap_err();
+        assert_eq!(c, e.to_cni());
+        assert_eq!(
+            (c.code, c.msg.as_str()),
+            (
+                102,
+                "pod db/p, network db/mv: cannot read the NetworkAttachmentDefinition"
+            )
+        );
+
+        // A NAD that does not exist is no error here: the planner names it.
+        let client = client_answering(&rt, 404);
+        let mut ctx = self::ctx(&rt, client);
+        let map = ApiInputs.nads_typed(&mut ctx, &refs, "pod db/p").unwrap();
+        assert_eq!(map.get(&refs[0]), Some(&None));
+    }
 }

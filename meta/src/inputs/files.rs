@@ -4,6 +4,7 @@
 use super::Inputs;
 use crate::context::Ctx;
 use crate::devices::dra::{self, DraDevice};
+use crate::error::MetaError;
 use crate::k8s::KubeClient;
 use crate::plan::requests::NadMap;
 use crate::plan::DeviceMap;
@@ -25,32 +26,62 @@ pub struct FileInputs {
 }
 
 impl Inputs for FileInputs {
-    fn pod(&mut self, _ctx: &mut Ctx, _id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
-        Ok(self.pod.clone())
+    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
+        Ok(self.pod_typed(ctx, id)?)
     }
 
     fn nads(
         &mut self,
+        ctx: &mut Ctx,
+        refs: &[(String, String)],
+        label: &str,
+    ) -> Result<NadMap, CniError> {
+        Ok(self.nads_typed(ctx, refs, label)?)
+    }
+
+    fn devices(
+        &mut self,
+        ctx: &mut Ctx,
+        pod: &PodInfo,
+        wanted: &BTreeSet<String>,
+    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+        Ok(self.devices_typed(ctx, pod, wanted)?)
+    }
+
+    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+        Ok(self.client_typed(ctx)?)
+    }
+
+    fn pod_typed(
+        &mut self,
+        _ctx: &mut Ctx,
+        _id: &PodIdentity,
+    ) -> Result<Option<PodInfo>, MetaError> {
+        Ok(self.pod.clone())
+    }
+
+    fn nads_typed(
+        &mut self,
         _ctx: &mut Ctx,
         refs: &[(String, String)],
         _label: &str,
-    ) -> Result<NadMap, CniError> {
+    ) -> Result<NadMap, MetaError> {
         Ok(refs
             .iter()
             .map(|r| (r.clone(), self.nads.get(r).cloned().flatten()))
             .collect())
     }
 
-    fn devices(
+    fn devices_typed(
         &mut self,
         _ctx: &mut Ctx,
         pod: &PodInfo,
         _wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
         self.devices.resolve(pod, &format!("pod {}", pod.id.key()))
     }
 
-    fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+    fn client_typed(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         Ok(None)
     }
 }
@@ -80,15 +111,17 @@ impl DeviceInputs {
         &self,
         pod: &PodInfo,
         label: &str,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
         let mut map = DeviceMap::new();
         for (res, id) in &self.allocated {
             map.entry(res.clone()).or_default().push(id.clone());
         }
         let mut found = Vec::new();
         if let Some(pc) = pod.claims.as_ref().filter(|c| !c.is_empty()) {
-            let parse = |what: &str, v: &Value| {
-                CniError::decode(format!("{what} is not a valid manifest"), v.to_string())
+            let parse = |what: &'static str, v: &Value, source| MetaError::Manifest {
+                what,
+                manifest: v.to_string(),
+                source,
             };
             let claims: Vec<ResourceClaim> = self
                 .claims
@@ -98,12 +131,12 @@ impl DeviceInputs {
                     pc.claims.contains(&n)
                         || pc.extended.as_ref().is_some_and(|e| e.claim_name == n)
                 })
-                .map(|c| serde_json::from_value(c.clone()).map_err(|_| parse("a claim", c)))
+                .map(|c| serde_json::from_value(c.clone()).map_err(|e| parse("a claim", c, e)))
                 .collect::<Result<_, _>>()?;
             let slices: Vec<ResourceSlice> = self
                 .slices
                 .iter()
-                .map(|c| serde_json::from_value(c.clone()).map_err(|_| parse("a slice", c)))
+                .map(|c| serde_json::from_value(c.clone()).map_err(|e| parse("a slice", c, e)))
                 .collect::<Result<_, _>>()?;
             found = dra::resolve(
                 &pod.id.namespace,

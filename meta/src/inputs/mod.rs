@@ -14,6 +14,7 @@ pub mod files;
 
 use crate::context::Ctx;
 use crate::devices::dra::DraDevice;
+use crate::error::MetaError;
 use crate::k8s::KubeClient;
 use crate::plan::requests::{self, NadMap, Requests};
 use crate::plan::DeviceMap;
@@ -22,6 +23,13 @@ use plexus_conf::error::CniError;
 use std::collections::BTreeSet;
 
 /// A source of the pod, its NADs and its devices.
+///
+/// Two sets of methods, during the move to [`MetaError`]: the stages call the typed ones
+/// (`*_typed`), which a source implements when it builds typed errors ([`api::ApiInputs`],
+/// [`files::FileInputs`]); their defaults call the wire-format ones (`pod`, `nads`…) and carry
+/// a `CniError` unchanged as [`MetaError::Inputs`]. `daemon::cache::CacheInputs` still
+/// implements only the `CniError` methods; once it implements the typed ones, the `CniError`
+/// methods can go and the typed ones take their names.
 pub trait Inputs {
     /// The pod. `Ok(None)`: no API (static mode) or the pod is gone.
     fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError>;
@@ -44,6 +52,33 @@ pub trait Inputs {
     /// The API client the report stage writes through (`None`: static mode, nothing is
     /// reported).
     fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError>;
+
+    /// [`Inputs::pod`] with a typed error.
+    fn pod_typed(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
+        self.pod(ctx, id).map_err(inputs_error)
+    }
+    /// [`Inputs::nads`] with a typed error.
+    fn nads_typed(
+        &mut self,
+        ctx: &mut Ctx,
+        refs: &[(String, String)],
+        label: &str,
+    ) -> Result<NadMap, MetaError> {
+        self.nads(ctx, refs, label).map_err(inputs_error)
+    }
+    /// [`Inputs::devices`] with a typed error.
+    fn devices_typed(
+        &mut self,
+        ctx: &mut Ctx,
+        pod: &PodInfo,
+        wanted: &BTreeSet<String>,
+    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
+        self.devices(ctx, pod, wanted).map_err(inputs_error)
+    }
+    /// [`Inputs::client`] with a typed error.
+    fn client_typed(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
+        self.client(ctx).map_err(inputs_error)
+    }
 }
 
 /// Everything the planner needs, as read from an [`Inputs`].
@@ -68,7 +103,7 @@ pub fn read(
     inputs: &mut dyn Inputs,
     pod: Option<PodInfo>,
     label: &str,
-) -> Result<Read, CniError> {
+) -> Result<Read, MetaError> {
     let requests = requests::requests(&ctx.config, pod.as_ref())?;
     let refs = requests::nad_refs(
         &requests,
@@ -77,7 +112,7 @@ pub fn read(
     let nads = if refs.is_empty() {
         NadMap::new()
     } else {
-        inputs.nads(ctx, &refs, label)?
+        inputs.nads_typed(ctx, &refs, label)?
     };
     // Device networks: ask for what was allocated only when a NAD names a resource.
     let wanted: BTreeSet<String> = nads
@@ -87,7 +122,7 @@ pub fn read(
         .collect();
     let (devices, dra) = match (wanted.is_empty(), pod.as_ref()) {
         (false, Some(p)) => {
-            let (map, found) = inputs.devices(ctx, p, &wanted)?;
+            let (map, found) = inputs.devices_typed(ctx, p, &wanted)?;
             (Some(map), found)
         }
         _ => (None, Vec::new()),
@@ -99,4 +134,121 @@ pub fn read(
         devices,
         dra,
     })
+}
+
+/// A wire-format error an [`Inputs`] source returned, carried as it is.
+pub fn inputs_error(source: CniError) -> MetaError {
+    MetaError::Inputs {
+        source: source.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inputs::files::{DeviceInputs, FileInputs};
+    use crate::plan::resolve::NadData;
+    use crate::pod::PodClaims;
+    use plexus_conf::plexus_config::PlexusConfig;
+    use serde_json::json;
+
+    fn ctx() -> Ctx {
+        let cfg = PlexusConfig::parse(
+            br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]}"#,
+        )
+        .unwrap();
+        Ctx::from_config(cfg, &[], None)
+    }
+
+    fn pod(networks: &str) -> PodInfo {
+        PodInfo {
+            id: PodIdentity {
+                namespace: "bank".into(),
+                name: "pg-0".into(),
+                ..Default::default()
+            },
+            annotations: [(
+                plexus_conf::k8s::selection::NETWORKS_ANNOTATION.to_string(),
+                networks.to_string(),
+            )]
+            .into(),
+            claims: Some(PodClaims {
+                node_name: "node-a".into(),
+                claims: vec!["pg-vfs".into()],
+                extended: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn typed_errors_come_through_the_inputs_stage() {
+        let mut ctx = ctx();
+        let mut files = FileInputs::default();
+        let e = read(&mut ctx, &mut files, Some(pod("[{bad")), "pod bank/pg-0").unwrap_err();
+        assert!(
+            matches!(&e, MetaError::Annotation { pod, .. } if pod == "bank/pg-0"),
+            "{e:?}"
+        );
+
+        // A device network whose claim is not allocated yet: typed, code 11.
+        files.nads.insert(
+            ("bank".into(), "vf".into()),
+            Some(NadData {
+                config: r#"{"cniVersion":"1.0.0","type":"sriov"}"#.into(),
+                resource_name: Some("intel.com/sriov".into()),
+            }),
+        );
+        files.devices = DeviceInputs {
+            claims: vec![json!({"metadata":{"name":"pg-vfs","namespace":"bank"},"spec":{}})],
+            ..Default::default()
+        };
+        let e = read(&mut ctx, &mut files, Some(pod("vf")), "pod bank/pg-0").unwrap_err();
+        assert!(
+            matches!(&e, MetaError::ClaimNotAllocated { name, .. } if name == "pg-vfs"),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 11);
+    }
+
+    /// A source that implements only the wire-format methods (as `daemon::cache` does).
+    struct WireOnly;
+
+    impl Inputs for WireOnly {
+        fn pod(&mut self, _: &mut Ctx, _: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
+            Ok(None)
+        }
+        fn nads(
+            &mut self,
+            _: &mut Ctx,
+            _: &[(String, String)],
+            _: &str,
+        ) -> Result<NadMap, CniError> {
+            Err(CniError::new(
+                102,
+                "pod bank/pg-0, network bank/vf: cannot read",
+                "HTTP 403",
+            ))
+        }
+        fn devices(
+            &mut self,
+            _: &mut Ctx,
+            _: &PodInfo,
+            _: &BTreeSet<String>,
+        ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+            Ok(Default::default())
+        }
+        fn client(&mut self, _: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn a_wire_format_source_passes_its_error_through_unchanged() {
+        let e = read(&mut ctx(), &mut WireOnly, Some(pod("vf")), "pod bank/pg-0").unwrap_err();
+        let MetaError::Inputs { source } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(e.to_cni(), **source);
+        assert_eq!(e.code(), 102);
+    }
 }

@@ -12,9 +12,9 @@
 pub mod requests;
 pub mod resolve;
 
+use crate::error::MetaError;
 use crate::pod::PodInfo;
 use plexus_conf::args::CniArgs;
-use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::selection::NetworkSelection;
 use plexus_conf::netconf::NetConfList;
 use plexus_conf::result::is_v6;
@@ -72,9 +72,11 @@ pub struct PlannedAttachment {
 
 impl PlannedAttachment {
     /// The delegate config as a conflist.
-    pub fn list(&self) -> Result<NetConfList, CniError> {
-        NetConfList::from_value(self.config.clone())
-            .map_err(|e| e.context(format!("network {}", self.network)))
+    pub fn list(&self) -> Result<NetConfList, MetaError> {
+        NetConfList::from_value(self.config.clone()).map_err(|source| MetaError::NetworkConfig {
+            network: self.network.clone(),
+            source: source.into(),
+        })
     }
 }
 
@@ -86,7 +88,7 @@ pub fn for_pod(
     cni_args: &CniArgs,
     container_id: &str,
     read: &crate::inputs::Read,
-) -> Result<Vec<PlannedAttachment>, CniError> {
+) -> Result<Vec<PlannedAttachment>, MetaError> {
     let mut plan = requests::make_plan(
         config,
         ifname,
@@ -138,20 +140,21 @@ struct DeviceAllocator<'a> {
 }
 
 impl DeviceAllocator<'_> {
-    fn take(&mut self, net: &ResolvedNetwork, ctx: &str) -> Result<Option<String>, CniError> {
+    fn take(&mut self, net: &ResolvedNetwork, ctx: &str) -> Result<Option<String>, MetaError> {
         let (Some(res), Some(devices)) = (net.resource_name.as_deref(), self.devices) else {
             return Ok(None);
         };
         let idx = self.next.entry(res.to_string()).or_insert(0);
-        let id = devices.get(res).and_then(|ids| ids.get(*idx)).cloned().ok_or_else(|| {
-            CniError::invalid_config(
-                format!("{ctx}, network {}: no device of resource {res:?} is left for it", net.name),
-                format!(
-                    "the kubelet allocated {} device(s) of {res} to the pod; request one more in a container's resources",
-                    devices.get(res).map_or(0, Vec::len)
-                ),
-            )
-        })?;
+        let id = devices
+            .get(res)
+            .and_then(|ids| ids.get(*idx))
+            .cloned()
+            .ok_or_else(|| MetaError::NoDeviceLeft {
+                pod: ctx.to_string(),
+                network: net.name.clone(),
+                resource: res.to_string(),
+                allocated: devices.get(res).map_or(0, Vec::len),
+            })?;
         *idx += 1;
         Ok(Some(id))
     }
@@ -256,7 +259,7 @@ fn delegate_args(base: &CniArgs, sel: Option<&NetworkSelection>) -> String {
 }
 
 /// Build and validate the plan.
-pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
+pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> {
     let ctx = pod_ctx(input.pod);
     let mut out: Vec<PlannedAttachment> = Vec::new();
     let (default_net, default_if) = &input.default;
@@ -318,13 +321,12 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
         }
         for cap in caps.keys() {
             if !honoured(&net.list, cap) {
-                return Err(CniError::invalid_config(
-                    format!("{ctx}, network {}: the request for {cap:?} cannot be honoured", net.name),
-                    format!(
-                        "no plugin of network {:?} declares capabilities {{\"{cap}\": true}}; add it to the NAD's plugin config",
-                        net.list.name
-                    ),
-                ));
+                return Err(MetaError::CapabilityNotHonoured {
+                    pod: ctx.clone(),
+                    network: net.name.clone(),
+                    capability: cap.clone(),
+                    config_name: net.list.name.clone(),
+                });
             }
         }
         let mut config = net.list.to_value();
@@ -351,13 +353,18 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
     }
     // Interface names: valid and unique.
     for (i, a) in out.iter().enumerate() {
-        validate::interface_name(&a.ifname)
-            .map_err(|e| e.context(format!("{ctx}, network {}", a.network)))?;
+        validate::interface_name(&a.ifname).map_err(|source| MetaError::InterfaceName {
+            pod: ctx.clone(),
+            network: a.network.clone(),
+            source: source.into(),
+        })?;
         if let Some(prev) = out[..i].iter().find(|p| p.ifname == a.ifname) {
-            return Err(CniError::invalid_config(
-                format!("{ctx}: interface name {:?} is requested twice", a.ifname),
-                format!("networks {} and {} both use it", prev.network, a.network),
-            ));
+            return Err(MetaError::DuplicateInterface {
+                pod: ctx.clone(),
+                ifname: a.ifname.clone(),
+                first: prev.network.clone(),
+                second: a.network.clone(),
+            });
         }
     }
     for a in &out {
@@ -367,10 +374,11 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
             .iter()
             .find(|p| META_PLUGINS.contains(&p.plugin_type()))
         {
-            return Err(CniError::invalid_config(
-                format!("{ctx}, network {}: a meta-plugin cannot be a delegate", a.network),
-                format!("plugin type {:?} would run plexus (or Multus) again with a config the network's author chose", p.plugin_type()),
-            ));
+            return Err(MetaError::MetaPluginDelegate {
+                pod: ctx.clone(),
+                network: a.network.clone(),
+                plugin_type: p.plugin_type().to_string(),
+            });
         }
     }
     apply_default_route(&mut out, &ctx)?;
@@ -379,17 +387,16 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, CniError> {
 
 /// At most one gateway per family across the pod (no ECMP); every other attachment drops its
 /// default route of a family that some attachment claims.
-fn apply_default_route(plan: &mut [PlannedAttachment], ctx: &str) -> Result<(), CniError> {
+fn apply_default_route(plan: &mut [PlannedAttachment], ctx: &str) -> Result<(), MetaError> {
     let mut owner4: Option<usize> = None;
     let mut owner6: Option<usize> = None;
     for (i, a) in plan.iter().enumerate() {
         for gw in &a.default_route {
             let slot = if is_v6(gw) { &mut owner6 } else { &mut owner4 };
             if slot.is_some() {
-                return Err(CniError::invalid_config(
-                    format!("{ctx}: more than one default-route gateway per IP family"),
-                    "ECMP default routes are not supported: request one IPv4 and one IPv6 gateway at most",
-                ));
+                return Err(MetaError::MultipleDefaultRoutes {
+                    pod: ctx.to_string(),
+                });
             }
             *slot = Some(i);
         }
@@ -407,17 +414,17 @@ pub fn check_isolation(
     selections: &[NetworkSelection],
     globals: &[String],
     pod_key: &str,
-) -> Result<(), CniError> {
+) -> Result<(), MetaError> {
     for s in selections {
         let ns = s.namespace_or(pod_ns);
         if ns != pod_ns && !globals.iter().any(|g| g == ns) {
-            return Err(CniError::new(
-                code::INVALID_CONFIG,
-                format!("pod {pod_key}, network {ns}/{}: namespace isolation violation", s.name),
-                format!(
-                    "namespaceIsolation is on: pods in {pod_ns:?} may reference networks in their own namespace or in {globals:?}"
-                ),
-            ));
+            return Err(MetaError::Isolation {
+                pod: pod_key.to_string(),
+                ns: ns.to_string(),
+                name: s.name.clone(),
+                pod_ns: pod_ns.to_string(),
+                allowed: globals.to_vec(),
+            });
         }
     }
     Ok(())
@@ -466,7 +473,7 @@ mod tests {
     fn plan(
         selected: &str,
         nets: Vec<ResolvedNetwork>,
-    ) -> Result<Vec<PlannedAttachment>, CniError> {
+    ) -> Result<Vec<PlannedAttachment>, MetaError> {
         let sels = parse_selections(selected, NETWORKS_ANNOTATION).unwrap();
         let args = CniArgs::parse("K8S_POD_NAMESPACE=db;K8S_POD_NAME=pg-0").unwrap();
         let rc = json!({"portMappings":[{"hostPort":1,"containerPort":2,"protocol":"tcp"}]});
@@ -505,10 +512,17 @@ mod tests {
     #[test]
     fn duplicate_interface_is_rejected() {
         let e = plan("a@eth0", vec![macvlan("db/a")]).unwrap_err();
-        assert_eq!(e.code, 7);
         assert!(
-            e.msg.contains("pod db/pg-0") && e.msg.contains("eth0") && e.details.contains("db/a"),
-            "{e}"
+            matches!(&e, MetaError::DuplicateInterface { pod, ifname, first, second }
+                if pod == "pod db/pg-0" && ifname == "eth0" && first == "cbr0" && second == "db/a"),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 7);
+        // The wire form names the pod, the interface and both networks.
+        let c = plexus_conf::error::CniError::from(e);
+        assert!(
+            c.msg.contains("pod db/pg-0") && c.msg.contains("eth0") && c.details.contains("db/a"),
+            "{c}"
         );
     }
 
@@ -516,7 +530,15 @@ mod tests {
     fn requests_need_a_capable_plugin() {
         let sel = r#"[{"name":"a","mac":"02:00:00:00:00:01"}]"#;
         let e = plan(sel, vec![macvlan("db/a")]).unwrap_err();
-        assert!(e.msg.contains("\"mac\"") && e.msg.contains("db/a"), "{e}");
+        assert!(
+            matches!(&e, MetaError::CapabilityNotHonoured { network, capability, .. }
+                if network == "db/a" && capability == "mac"),
+            "{e:?}"
+        );
+        assert!(
+            e.msg().contains("\"mac\"") && e.msg().contains("db/a"),
+            "{e}"
+        );
         let tuned = net(
             "db/a",
             json!({"cniVersion":"1.0.0","name":"mv","plugins":[{"type":"macvlan"},{"type":"tuning","capabilities":{"mac":true}}]}),
@@ -536,7 +558,10 @@ mod tests {
             vec![macvlan("db/a")],
         )
         .unwrap_err();
-        assert!(e.msg.contains("bandwidth"));
+        assert!(
+            matches!(&e, MetaError::CapabilityNotHonoured { capability, .. } if capability == "bandwidth"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -558,7 +583,10 @@ mod tests {
         assert_eq!(c["plugins"][1]["args"]["cni"], json!({"foo":"pod"}));
         // The pod cannot override the NAD's device.
         let e = plan(r#"[{"name":"s","deviceID":"0000:00:03.0"}]"#, vec![chain]).unwrap_err();
-        assert!(e.msg.contains("deviceID"), "{e}");
+        assert!(
+            matches!(&e, MetaError::CapabilityNotHonoured { capability, .. } if capability == "deviceID"),
+            "{e:?}"
+        );
         let opted_in = net(
             "db/h",
             json!({"cniVersion":"1.0.0","name":"h","type":"host-device","capabilities":{"deviceID":true}}),
@@ -618,9 +646,11 @@ mod tests {
         let three = parse_selections("a,b,c", NETWORKS_ANNOTATION).unwrap();
         let e = build_with(Some(&devices), three, vec![a.clone(), b.clone(), c]).unwrap_err();
         assert!(
-            e.msg.contains("db/c") && e.msg.contains("intel.com/vf"),
-            "{e}"
+            matches!(&e, MetaError::NoDeviceLeft { network, resource, allocated: 2, .. }
+                if network == "db/c" && resource == "intel.com/vf"),
+            "{e:?}"
         );
+        assert_eq!(e.code(), 7);
         // Not looked up (explain): no deviceID, no error.
         let p = build_with(None, sels[..1].to_vec(), vec![a]).unwrap();
         assert!(p[1].config.get("deviceID").is_none());
@@ -634,8 +664,9 @@ mod tests {
         );
         let e = plan("loop", vec![me]).unwrap_err();
         assert!(
-            e.msg.contains("db/loop") && e.details.contains("plexus"),
-            "{e}"
+            matches!(&e, MetaError::MetaPluginDelegate { network, plugin_type, .. }
+                if network == "db/loop" && plugin_type == "plexus"),
+            "{e:?}"
         );
     }
 
@@ -650,14 +681,23 @@ mod tests {
         assert!(!p[1].filter_v4 && p[1].default_route == vec!["10.1.1.1"]);
         assert!(p[2].filter_v4);
         let e = plan(r#"[{"name":"a","default-route":["10.1.1.1"]},{"name":"b","default-route":["10.2.1.1"]}]"#, vec![macvlan("db/a"), macvlan("db/b")]).unwrap_err();
-        assert!(e.details.contains("ECMP"));
+        assert!(
+            matches!(&e, MetaError::MultipleDefaultRoutes { pod } if pod == "pod db/pg-0"),
+            "{e:?}"
+        );
+        assert!(e.details().contains("ECMP"));
     }
 
     #[test]
     fn isolation() {
         let sels = parse_selections("a,default/b,other/c", NETWORKS_ANNOTATION).unwrap();
         let e = check_isolation("db", &sels, &["default".into()], "db/pg-0").unwrap_err();
-        assert!(e.msg.contains("other/c") && e.msg.contains("isolation"));
+        assert!(
+            matches!(&e, MetaError::Isolation { pod, ns, name, .. }
+                if pod == "db/pg-0" && ns == "other" && name == "c"),
+            "{e:?}"
+        );
+        assert!(e.msg().contains("other/c") && e.msg().contains("isolation"));
         assert!(check_isolation("db", &sels[..2], &["default".into()], "db/pg-0").is_ok());
     }
 }

@@ -4,10 +4,11 @@
 
 use super::resolve::{self, NadData, NetRef};
 use super::{PlanInput, PlannedAttachment, ResolvedNetwork};
+use crate::error::MetaError;
 use crate::plan;
 use crate::pod::PodInfo;
 use plexus_conf::args::CniArgs;
-use plexus_conf::error::{code, CniError};
+use plexus_conf::error::CniError;
 use plexus_conf::k8s::nad::find_by_name;
 use plexus_conf::k8s::selection::{
     parse_selections, NetworkSelection, DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION,
@@ -38,7 +39,7 @@ fn pod_label(pod: Option<&PodInfo>) -> String {
 }
 
 /// Parse the pod's requests and enforce namespace isolation.
-pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests, CniError> {
+pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests, MetaError> {
     let mut r = Requests {
         cluster: (!config.cluster_network.is_empty())
             .then(|| resolve::classify(&config.cluster_network, &config.multus_namespace)),
@@ -53,11 +54,15 @@ pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests
             .collect();
     }
     let Some(pod) = pod else { return Ok(r) };
-    let ctx = |e: CniError| e.context(format!("pod {}", pod.id.key()));
+    let invalid = |source: CniError| MetaError::Annotation {
+        pod: pod.id.key(),
+        source: source.into(),
+    };
     if let Some(v) = pod.annotations.get(DEFAULT_NETWORK_ANNOTATION) {
-        let mut sels = parse_selections(v, DEFAULT_NETWORK_ANNOTATION).map_err(ctx)?;
+        let mut sels = parse_selections(v, DEFAULT_NETWORK_ANNOTATION).map_err(invalid)?;
         if sels.len() > 1 {
-            return Err(ctx(CniError::invalid_config(
+            // Worded like plexus-conf's own annotation errors.
+            return Err(invalid(CniError::invalid_config(
                 format!("invalid annotation {DEFAULT_NETWORK_ANNOTATION}"),
                 "it must name exactly one network",
             )));
@@ -81,7 +86,7 @@ pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests
         }
     }
     if let Some(v) = pod.annotations.get(NETWORKS_ANNOTATION) {
-        r.selected = parse_selections(v, NETWORKS_ANNOTATION).map_err(ctx)?;
+        r.selected = parse_selections(v, NETWORKS_ANNOTATION).map_err(invalid)?;
         if config.namespace_isolation {
             plan::check_isolation(
                 &pod.id.namespace,
@@ -124,19 +129,30 @@ fn resolve_ref(
     nads: &NadMap,
     conf_dir: &Path,
     pod: &str,
-) -> Result<ResolvedNetwork, CniError> {
+) -> Result<ResolvedNetwork, MetaError> {
     match rf {
-        NetRef::Path(p) => resolve::load_path(p).map(|list| ResolvedNetwork { name: list.name.clone(), list, resource_name: None }),
-        NetRef::Nad { ns, name, conf_fallback } => match nads.get(&(ns.clone(), name.clone())) {
+        NetRef::Path(p) => resolve::load_path(p).map(|list| ResolvedNetwork {
+            name: list.name.clone(),
+            list,
+            resource_name: None,
+        }),
+        NetRef::Nad {
+            ns,
+            name,
+            conf_fallback,
+        } => match nads.get(&(ns.clone(), name.clone())) {
             Some(Some(data)) => resolve::from_nad(ns, name, data, conf_dir),
             _ if *conf_fallback => find_by_name(name, &resolve::read_conf_dir(conf_dir))
-                .map(|list| ResolvedNetwork { name: list.name.clone(), list, resource_name: None })
-                .ok_or_else(|| {
-                    CniError::new(
-                        code::INVALID_CONFIG,
-                        format!("{pod}: cannot find network {name:?}"),
-                        format!("no NetworkAttachmentDefinition {ns}/{name} and no config named {name:?} in {}", conf_dir.display()),
-                    )
+                .map(|list| ResolvedNetwork {
+                    name: list.name.clone(),
+                    list,
+                    resource_name: None,
+                })
+                .ok_or_else(|| MetaError::NetworkNotFound {
+                    pod: pod.to_string(),
+                    ns: ns.clone(),
+                    name: name.clone(),
+                    conf_dir: conf_dir.to_path_buf(),
                 }),
             _ => Err(resolve::not_found(ns, name, pod)),
         },
@@ -152,11 +168,15 @@ pub fn make_plan(
     r: &Requests,
     nads: &NadMap,
     devices: Option<&crate::plan::DeviceMap>,
-) -> Result<Vec<PlannedAttachment>, CniError> {
+) -> Result<Vec<PlannedAttachment>, MetaError> {
     let label = pod_label(pod);
     let conf_dir = Path::new(&config.conf_dir);
     let pod_ns = pod.map(|p| p.id.namespace.as_str()).unwrap_or("");
-    let statics = config.delegate_lists()?;
+    let statics = config
+        .delegate_lists()
+        .map_err(|source| MetaError::Config {
+            source: source.into(),
+        })?;
     let mut always: Vec<ResolvedNetwork> = Vec::new();
     let default = if let Some(s) = &r.default_override {
         let ns = s.namespace_or(pod_ns);
@@ -173,9 +193,7 @@ pub fn make_plan(
         (resolve_ref(rf, nads, conf_dir, &label)?, None)
     } else {
         let mut it = statics.into_iter();
-        let first = it.next().ok_or_else(|| {
-            CniError::invalid_config("at least one delegate/clusterNetwork must be specified", "")
-        })?;
+        let first = it.next().ok_or(MetaError::NoDefaultNetwork)?;
         // In delegates mode the other delegates are attached to every pod, as in Multus.
         always.extend(it.map(|list| ResolvedNetwork {
             name: list.name.clone(),
@@ -286,8 +304,17 @@ mod tests {
         let args = CniArgs::default();
         let e = make_plan(&c, "eth0", &args, Some(&p), &r, &nads, None).unwrap_err();
         assert!(
-            e.msg.contains("pod db/p") && e.msg.contains("other/sr") && e.msg.contains("not found"),
-            "{e}"
+            matches!(&e, MetaError::NadNotFound { pod, ns, name }
+                if pod == "pod db/p" && ns == "other" && name == "sr"),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 7);
+        // An invalid NAD config names the NAD.
+        nads.insert(refs[2].clone(), nad(r#"{"cniVersion":"1.0.0"}"#));
+        let e = make_plan(&c, "eth0", &args, Some(&p), &r, &nads, None).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::NadInvalid { ns, name, .. } if ns == "other" && name == "sr"),
+            "{e:?}"
         );
         nads.insert(
             refs[2].clone(),
@@ -326,14 +353,17 @@ mod tests {
             Some(&pod("db", &[(DEFAULT_NETWORK_ANNOTATION, "other/x")])),
         )
         .unwrap_err();
-        assert!(e.msg.contains("other/x"), "{e}");
+        assert!(
+            matches!(&e, MetaError::Isolation { ns, name, .. } if ns == "other" && name == "x"),
+            "{e:?}"
+        );
         assert!(requests(
             &c,
             Some(&pod("db", &[(DEFAULT_NETWORK_ANNOTATION, "calico")]))
         )
         .is_ok());
         let e = requests(&c, Some(&pod("db", &[(NETWORKS_ANNOTATION, "other/x")]))).unwrap_err();
-        assert!(e.msg.contains("isolation"));
+        assert!(matches!(e, MetaError::Isolation { .. }), "{e:?}");
         assert!(requests(
             &c,
             Some(&pod("db", &[(NETWORKS_ANNOTATION, "default/x,y")]))
@@ -366,8 +396,36 @@ mod tests {
         let c = config(json!({}));
         let e = requests(&c, Some(&pod("db", &[(NETWORKS_ANNOTATION, "[{bad")]))).unwrap_err();
         assert!(
-            e.msg.contains("pod db/p") && e.msg.contains(NETWORKS_ANNOTATION),
+            matches!(&e, MetaError::Annotation { pod, .. } if pod == "db/p"),
+            "{e:?}"
+        );
+        assert!(
+            e.msg().contains("pod db/p") && e.msg().contains(NETWORKS_ANNOTATION),
             "{e}"
         );
+        // The default-network annotation names exactly one network.
+        let e = requests(&c, Some(&pod("db", &[(DEFAULT_NETWORK_ANNOTATION, "a,b")]))).unwrap_err();
+        assert!(matches!(e, MetaError::Annotation { .. }), "{e:?}");
+        assert_eq!(e.code(), 7);
+    }
+
+    #[test]
+    fn missing_networks_are_told_apart() {
+        let t = tempfile::tempdir().unwrap();
+        // A clusterNetwork name that is neither a NAD nor a config in confDir.
+        let c = config(json!({"clusterNetwork":"calico","confDir":t.path()}));
+        let r = requests(&c, None).unwrap();
+        let args = CniArgs::default();
+        let e = make_plan(&c, "eth0", &args, None, &r, &NadMap::new(), None).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::NetworkNotFound { name, .. } if name == "calico"),
+            "{e:?}"
+        );
+        // No delegates and no clusterNetwork: no default network.
+        let mut c = config(json!({}));
+        c.delegates.clear();
+        let r = requests(&c, None).unwrap();
+        let e = make_plan(&c, "eth0", &args, None, &r, &NadMap::new(), None).unwrap_err();
+        assert!(matches!(e, MetaError::NoDefaultNetwork), "{e:?}");
     }
 }

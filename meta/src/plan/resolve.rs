@@ -2,8 +2,8 @@
 //! name, a config name in `confDir`, a directory or a file), NADs, and the on-disk fallback for
 //! NADs with an empty spec.
 
+use crate::error::MetaError;
 use crate::plan::ResolvedNetwork;
-use plexus_conf::error::{code, CniError};
 use plexus_conf::k8s::nad;
 use plexus_conf::limits;
 use plexus_conf::netconf::NetConfList;
@@ -65,13 +65,6 @@ pub fn classify(value: &str, multus_ns: &str) -> NetRef {
     }
 }
 
-fn io_err(path: &Path, e: impl std::fmt::Display) -> CniError {
-    CniError::invalid_config(
-        format!("cannot load network config {}", path.display()),
-        e.to_string(),
-    )
-}
-
 /// Config files of a directory, as `(file name, bytes)`; a missing directory is empty.
 pub fn read_conf_dir(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -98,20 +91,29 @@ pub fn read_conf_dir(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 /// Load a config from a file, or the first config file (name order) of a directory, skipping
 /// plexus' and Multus' own generated configs.
-pub fn load_path(path: &Path) -> Result<NetConfList, CniError> {
+pub fn load_path(path: &Path) -> Result<NetConfList, MetaError> {
     if path.is_dir() {
         let mut files = read_conf_dir(path);
         files.retain(|(n, _)| !n.starts_with("00-multus") && !n.starts_with("00-plexus"));
         files.sort_by(|a, b| a.0.cmp(&b.0));
-        let (name, bytes) = files
-            .first()
-            .ok_or_else(|| io_err(path, "no .conf, .conflist or .json file in directory"))?;
-        return NetConfList::parse(bytes)
-            .map_err(|e| e.context(format!("{}/{name}", path.display())));
+        let (name, bytes) = files.first().ok_or_else(|| MetaError::ConfigDirEmpty {
+            path: path.to_path_buf(),
+        })?;
+        return NetConfList::parse(bytes).map_err(|source| MetaError::ConfigParse {
+            file: format!("{}/{name}", path.display()),
+            source: source.into(),
+        });
     }
-    let bytes =
-        fsutil::read_capped(path, limits::MAX_CONFIG_FILE_BYTES).map_err(|e| io_err(path, e))?;
-    NetConfList::parse(&bytes).map_err(|e| e.context(path.display().to_string()))
+    let bytes = fsutil::read_capped(path, limits::MAX_CONFIG_FILE_BYTES).map_err(|source| {
+        MetaError::ConfigFile {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    NetConfList::parse(&bytes).map_err(|source| MetaError::ConfigParse {
+        file: path.display().to_string(),
+        source: source.into(),
+    })
 }
 
 /// Resolve a NAD (already fetched) to its network, using `conf_dir` for an empty spec.
@@ -120,14 +122,21 @@ pub fn from_nad(
     name: &str,
     data: &NadData,
     conf_dir: &Path,
-) -> Result<ResolvedNetwork, CniError> {
-    let list = match nad::config_from_spec(ns, name, &data.config)? {
+) -> Result<ResolvedNetwork, MetaError> {
+    let spec =
+        nad::config_from_spec(ns, name, &data.config).map_err(|source| MetaError::NadInvalid {
+            ns: ns.to_string(),
+            name: name.to_string(),
+            source: source.into(),
+        })?;
+    let list = match spec {
         Some(l) => l,
         None => nad::find_by_name(name, &read_conf_dir(conf_dir)).ok_or_else(|| {
-            CniError::invalid_config(
-                format!("network {ns}/{name}: the NAD has an empty spec.config and no config of that name exists"),
-                format!("looked in {}", conf_dir.display()),
-            )
+            MetaError::NadEmpty {
+                ns: ns.to_string(),
+                name: name.to_string(),
+                conf_dir: conf_dir.to_path_buf(),
+            }
         })?,
     };
     Ok(ResolvedNetwork {
@@ -138,12 +147,12 @@ pub fn from_nad(
 }
 
 /// A network that was not found.
-pub fn not_found(ns: &str, name: &str, pod: &str) -> CniError {
-    CniError::new(
-        code::INVALID_CONFIG,
-        format!("{pod}, network {ns}/{name}: NetworkAttachmentDefinition not found"),
-        format!("create network-attachment-definitions.k8s.cni.cncf.io {name} in namespace {ns}, or fix the pod annotation"),
-    )
+pub fn not_found(ns: &str, name: &str, pod: &str) -> MetaError {
+    MetaError::NadNotFound {
+        pod: pod.to_string(),
+        ns: ns.to_string(),
+        name: name.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -194,15 +203,32 @@ mod tests {
         .unwrap();
         assert_eq!(load_path(t.path()).unwrap().name, "cbr0");
         assert_eq!(load_path(&t.path().join("20-mv.conf")).unwrap().name, "mv");
-        assert!(load_path(&t.path().join("missing.conf"))
-            .unwrap_err()
-            .msg
-            .contains("missing.conf"));
+        let e = load_path(&t.path().join("missing.conf")).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::ConfigFile { path, source }
+                if path.ends_with("missing.conf") && source.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            load_path(empty.path()).unwrap_err(),
+            MetaError::ConfigDirEmpty { .. }
+        ));
+        std::fs::write(empty.path().join("1.conf"), b"{not json").unwrap();
+        let e = load_path(empty.path()).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::ConfigParse { file, .. } if file.ends_with("/1.conf")),
+            "{e:?}"
+        );
         let r = from_nad("db", "mv", &NadData::default(), t.path()).unwrap();
         assert_eq!(r.name, "db/mv");
         assert_eq!(r.list.plugins[0].plugin_type(), "macvlan");
         let e = from_nad("db", "nope", &NadData::default(), t.path()).unwrap_err();
-        assert!(e.msg.contains("db/nope"));
+        assert!(
+            matches!(&e, MetaError::NadEmpty { ns, name, .. } if ns == "db" && name == "nope"),
+            "{e:?}"
+        );
+        assert!(e.msg().contains("db/nope"));
     }
 
     #[test]
@@ -214,10 +240,11 @@ mod tests {
         cfg.resize(limits::MAX_CONFIG_FILE_BYTES + 1, b' ');
         std::fs::write(&p, &cfg).unwrap();
         let e = load_path(&p).unwrap_err();
-        assert_eq!(e.code, code::INVALID_CONFIG);
-        assert!(e.msg.contains("05-huge.conflist"), "{e}");
+        assert!(matches!(e, MetaError::ConfigFile { .. }), "{e:?}");
+        assert_eq!(e.code(), plexus_conf::error::code::INVALID_CONFIG);
+        assert!(e.msg().contains("05-huge.conflist"), "{e}");
         assert_eq!(
-            e.details,
+            e.details(),
             format!(
                 "file is too large: {} bytes, the limit is {} bytes",
                 limits::MAX_CONFIG_FILE_BYTES + 1,

@@ -3,6 +3,7 @@
 
 use crate::attach;
 use crate::context::{wait_ready, Ctx};
+use crate::error::MetaError;
 use crate::inputs::{self, Inputs};
 use crate::k8s::{EventType, KubeClient};
 use crate::plan::{self, PlannedAttachment};
@@ -10,7 +11,6 @@ use crate::pod::{PodIdentity, PodInfo};
 use crate::report;
 use crate::state::SavedPlan;
 use plexus_conf::args::CniArgs;
-use plexus_conf::error::{code, CniError};
 use plexus_conf::version;
 use plexus_delegates::skel::{AddOutput, CmdArgs};
 use std::path::Path;
@@ -26,7 +26,7 @@ struct Prepared {
 }
 
 /// Run ADD with its inputs read from `inputs`.
-pub fn add(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<AddOutput, CniError> {
+pub fn add(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<AddOutput, MetaError> {
     match prepare(ctx, inputs, args) {
         Ok(p) => attach_planned(ctx, args, p),
         Err(e) => {
@@ -57,17 +57,19 @@ fn forget_unstarted_add(ctx: &Ctx, args: &CmdArgs) {
 }
 
 /// The side-effect-free part of ADD: read the inputs, plan, check the plugins are installed.
-fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Prepared, CniError> {
-    let cni_args = CniArgs::parse(&args.args)?;
+fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Prepared, MetaError> {
+    let cni_args = CniArgs::parse(&args.args).map_err(|source| MetaError::CniArgs {
+        source: source.into(),
+    })?;
     let id = PodIdentity::from_args(&cni_args);
     wait_ready(&ctx.config)?;
     let client = if id.is_some() {
-        inputs.client(ctx)?
+        inputs.client_typed(ctx)?
     } else {
         None
     };
     let pod = match &id {
-        Some(id) => inputs.pod(ctx, id)?,
+        Some(id) => inputs.pod_typed(ctx, id)?,
         None => None,
     };
     let label = id
@@ -110,7 +112,7 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
 }
 
 /// The part of ADD that changes things: save the plan, attach with undo, report.
-fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutput, CniError> {
+fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutput, MetaError> {
     let Prepared {
         id,
         client,
@@ -128,13 +130,11 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         .flatten()
         .is_some()
     {
-        return Err(CniError::invalid_config(
-            format!(
-                "{label}: container {} already has its networks attached on {}",
-                args.container_id, args.ifname
-            ),
-            "DEL it first; the runtime must not ADD twice without a DEL",
-        ));
+        return Err(MetaError::AlreadyAttached {
+            pod: label,
+            container_id: args.container_id.clone(),
+            ifname: args.ifname.clone(),
+        });
     }
     ctx.store.clear_tombstone(&args.container_id, &args.ifname);
     ctx.store.save(&SavedPlan::new(
@@ -147,10 +147,10 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
     crate::devices::devinfo::seed(&plan, Path::new(&ctx.config.device_info_dir));
     let done = match attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label) {
         Ok(d) => d,
-        Err(f) => {
+        Err(e) => {
             // A clean rollback leaves nothing for the runtime's DEL to do; otherwise the
             // saved plan stays so that DEL retries the cleanup.
-            if f.clean {
+            if attach::rolled_back_cleanly(&e) {
                 crate::devices::devinfo::remove(&plan);
                 let _ = ctx.store.remove(&args.container_id, &args.ifname);
                 ctx.store.finish_delete(&args.container_id, &args.ifname);
@@ -162,12 +162,12 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
                 pod.as_ref(),
                 EventType::Warning,
                 "AddInterfaceFailed",
-                &f.error.to_string(),
+                &e.to_string(),
             );
-            return Err(f.error);
+            return Err(e);
         }
     };
-    if let Err(report::StatusFailure(e)) =
+    if let Err(report::StatusFailure(source)) =
         report::added(ctx, client.as_ref(), pod.as_ref(), &plan, &done)
     {
         // The attachments are fine but the pod would carry no status: undo and let the
@@ -177,16 +177,17 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             ctx.store.finish_delete(&args.container_id, &args.ifname);
             drop(lock);
         }
-        return Err(CniError::new(
-            e.cni_code(),
-            format!("{label}: cannot write the network-status annotation"),
-            e.to_string(),
-        ));
+        return Err(MetaError::StatusWrite {
+            pod: label,
+            source: source.into(),
+        });
     }
     let default = done
         .iter()
         .find(|d| plan[d.index].is_default)
-        .ok_or_else(|| CniError::new(code::INTERNAL, "no default network result", ""))?;
+        .ok_or(MetaError::Internal {
+            what: "no default network result",
+        })?;
     let cni_version = if ctx.config.cni_version.is_empty() {
         version::CURRENT.to_string()
     } else {
@@ -196,4 +197,115 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         result: default.result.clone(),
         cni_version,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inputs::files::FileInputs;
+    use crate::verbs::check;
+    use plexus_delegates::skel::Command;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A static-mode call (no pod, no API) with a stand-in default-network plugin.
+    fn setup(extra: &str) -> (tempfile::TempDir, CmdArgs) {
+        let t = tempfile::tempdir().unwrap();
+        let bin = t.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let plugin = bin.join("fakebr");
+        std::fs::write(
+            &plugin,
+            "#!/bin/sh\ncat >/dev/null\necho '{\"cniVersion\":\"1.0.0\"}'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let config = format!(
+            r#"{{"cniVersion":"1.0.0","name":"p","type":"plexus","cniDir":"{}","binDir":"{}"{extra},
+               "delegates":[{{"cniVersion":"1.0.0","name":"cbr0","type":"fakebr"}}]}}"#,
+            t.path().join("state").display(),
+            bin.display()
+        );
+        let args = CmdArgs {
+            command: Command::Add,
+            container_id: "c1".into(),
+            netns: "/run/netns/plexus-never-existed".into(),
+            ifname: "eth0".into(),
+            args: "IgnoreUnknown=1".into(),
+            path: vec![],
+            stdin: config.into_bytes(),
+        };
+        (t, args)
+    }
+
+    fn run(args: &CmdArgs) -> (Ctx, Result<AddOutput, MetaError>) {
+        let mut ctx = Ctx::new(args, None).unwrap();
+        let out = add(&mut ctx, &mut FileInputs::default(), args);
+        (ctx, out)
+    }
+
+    #[test]
+    fn add_fails_with_what_went_wrong() {
+        let (_t, args) = setup(
+            r#","readinessindicatorfile":"/nonexistent/plexus-ready","readinessTimeoutSeconds":0"#,
+        );
+        let e = run(&args).1.unwrap_err();
+        assert!(
+            matches!(&e, MetaError::NotReady { file } if file.ends_with("plexus-ready")),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 11);
+
+        let (_t, mut args) = setup("");
+        args.args = "K8S_POD_NAME".into();
+        let e = run(&args).1.unwrap_err();
+        assert!(matches!(e, MetaError::CniArgs { .. }), "{e:?}");
+        assert_eq!(e.code(), 4);
+
+        // The netns is gone: nothing ran, nothing is left, the runtime's DEL has nothing to do.
+        let (_t, args) = setup("");
+        let (ctx, out) = run(&args);
+        let e = out.unwrap_err();
+        assert!(matches!(e, MetaError::NetnsOpen { .. }), "{e:?}");
+        assert_eq!(e.code(), 3);
+        assert!(ctx.store.load("c1", "eth0").unwrap().is_none());
+        assert!(ctx.store.deleted("c1", "eth0", true));
+
+        // A second ADD of an attached container changes nothing.
+        let (_t, args) = setup("");
+        let (ctx, _) = run(&args);
+        let saved = SavedPlan::new("c1", "eth0", "", None, vec![]);
+        ctx.store.save(&saved).unwrap();
+        let e = run(&args).1.unwrap_err();
+        assert!(
+            matches!(&e, MetaError::AlreadyAttached { pod, container_id, ifname }
+                if pod == "container c1" && container_id == "c1" && ifname == "eth0"),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 7);
+        assert_eq!(ctx.store.load("c1", "eth0").unwrap(), Some(saved));
+
+        // CHECK without a plan.
+        let (_t, args) = setup("");
+        let mut ctx = Ctx::new(&args, None).unwrap();
+        let e = check::check(&mut ctx, &args).unwrap_err();
+        assert!(matches!(e, MetaError::NotAttached { .. }), "{e:?}");
+        assert_eq!(e.code(), 3);
+    }
+
+    #[test]
+    fn a_missing_plugin_is_found_before_anything_runs() {
+        let (_t, mut args) = setup("");
+        let cfg = String::from_utf8(args.stdin.clone())
+            .unwrap()
+            .replace("fakebr", "not-installed");
+        args.stdin = cfg.into_bytes();
+        let (ctx, out) = run(&args);
+        let e = out.unwrap_err();
+        assert!(
+            matches!(&e, MetaError::PluginMissing { pod, network, .. } if pod == "container c1" && network == "cbr0"),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 7);
+        assert!(ctx.store.load("c1", "eth0").unwrap().is_none());
+    }
 }

@@ -2,28 +2,23 @@
 
 use crate::attach;
 use crate::context::Ctx;
+use crate::error::MetaError;
 use crate::plan::requests as planner;
 use crate::plan::resolve::{self, NetRef};
-use plexus_conf::error::{code, CniError};
 use plexus_conf::netconf::NetConfList;
-use plexus_delegates::chain::combine;
 use plexus_delegates::skel::CmdArgs;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// CHECK every attachment of the container from its saved plan.
-pub fn check(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
+pub fn check(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
     let _lock = ctx.store.lock(&args.container_id)?;
     let plan = ctx
         .store
         .load(&args.container_id, &args.ifname)?
-        .ok_or_else(|| {
-            CniError::new(
-                code::UNKNOWN_CONTAINER,
-                format!("container {}: no attachments recorded", args.container_id),
-                "CHECK needs a successful ADD first",
-            )
+        .ok_or_else(|| MetaError::NotAttached {
+            container_id: args.container_id.clone(),
         })?;
     let label = plan
         .pod
@@ -41,7 +36,7 @@ pub fn check(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
 
 /// The default network's config when it can be known without a pod (file, confDir name or
 /// static delegate); a NAD-only default network needs the API and yields `None`.
-fn default_network(ctx: &Ctx) -> Result<Option<NetConfList>, CniError> {
+fn default_network(ctx: &Ctx) -> Result<Option<NetConfList>, MetaError> {
     let r = planner::requests(&ctx.config, None)?;
     match &r.cluster {
         Some(NetRef::Path(p)) => resolve::load_path(p).map(Some),
@@ -54,38 +49,38 @@ fn default_network(ctx: &Ctx) -> Result<Option<NetConfList>, CniError> {
             &resolve::read_conf_dir(ctx.conf_dir()),
         )),
         Some(_) => Ok(None),
-        None => Ok(ctx.config.delegate_lists()?.into_iter().next()),
+        None => Ok(ctx
+            .config
+            .delegate_lists()
+            .map_err(|source| MetaError::Config {
+                source: source.into(),
+            })?
+            .into_iter()
+            .next()),
     }
 }
 
 /// STATUS: ready when the readiness indicator file exists and the default network's STATUS passes.
-pub fn status(ctx: &mut Ctx) -> Result<(), CniError> {
+pub fn status(ctx: &mut Ctx) -> Result<(), MetaError> {
     let f = &ctx.config.readiness_indicator_file;
     if !f.is_empty() && !Path::new(f).exists() {
-        return Err(CniError::new(
-            code::NOT_AVAILABLE,
-            "the default network is not ready",
-            format!("readiness indicator file {f} does not exist"),
-        ));
+        return Err(MetaError::StatusNotReady { file: f.into() });
     }
     if let Some(list) = default_network(ctx)? {
         for p in &list.plugins {
-            if let Err(e) = plexus_delegates::find_plugin(p.plugin_type(), &ctx.runtime.search_path)
-            {
-                return Err(CniError::new(
-                    code::NOT_AVAILABLE,
-                    format!("default network {}: {}", list.name, e.msg),
-                    e.details,
-                ));
-            }
+            plexus_delegates::find_plugin(p.plugin_type(), &ctx.runtime.search_path).map_err(
+                |source| MetaError::StatusPluginMissing {
+                    network: list.name.clone(),
+                    source: source.into(),
+                },
+            )?;
         }
-        ctx.runtime.status(&list).map_err(|e| {
-            CniError::new(
-                e.code,
-                format!("default network {}: {}", list.name, e.msg),
-                e.details,
-            )
-        })?;
+        ctx.runtime
+            .status(&list)
+            .map_err(|source| MetaError::StatusFailed {
+                network: list.name.clone(),
+                source: source.into(),
+            })?;
     }
     Ok(())
 }
@@ -119,7 +114,7 @@ pub fn gc_valid_list(
 
 /// GC: DEL every saved plan the runtime no longer lists as valid, then forward GC to every
 /// known network with the attachments still valid on it.
-pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
+pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
     let stdin: Value = serde_json::from_slice(&args.stdin).unwrap_or(Value::Null);
     let key = if stdin.get("cni.dev/valid-attachments").is_some() {
         "cni.dev/valid-attachments"
@@ -199,8 +194,10 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
     for (name, (list, is_default, attachments)) in per_network {
         match gc_valid_list(is_default, attachments, &valid, &valid_plans) {
             Some(attachments) => {
-                if let Err(e) = ctx.runtime.gc(&list, &attachments) {
-                    errors.push(e);
+                if let Err(source) = ctx.runtime.gc(&list, &attachments) {
+                    errors.push(MetaError::Delegate {
+                        source: source.into(),
+                    });
                 }
             }
             None => {
@@ -208,7 +205,7 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), CniError> {
             }
         }
     }
-    combine(errors).map_or(Ok(()), Err)
+    MetaError::combine(errors).map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

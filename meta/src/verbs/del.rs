@@ -14,13 +14,14 @@
 
 use crate::attach;
 use crate::context::Ctx;
+use crate::error::MetaError;
 use crate::inputs::Inputs;
 use crate::plan::requests as planner;
 use crate::plan::PlannedAttachment;
 use crate::pod::PodIdentity;
 use crate::state::SavedPlan;
 use plexus_conf::args::CniArgs;
-use plexus_conf::error::{code, CniError};
+use plexus_conf::error::code;
 use plexus_delegates::cache::CachedAttachment;
 use plexus_delegates::netns::NetNs;
 use plexus_delegates::skel::CmdArgs;
@@ -45,7 +46,7 @@ fn pick_netns(given: &str, recorded: &str) -> String {
 }
 
 /// Run DEL.
-pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(), CniError> {
+pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(), MetaError> {
     let cni_args = CniArgs::parse(&args.args).unwrap_or_default();
     let id = PodIdentity::from_args(&cni_args);
     let label = id
@@ -64,7 +65,7 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
     // directory where it cannot be created must not stop the cleanup.
     let lock = match ctx.store.lock(&args.container_id) {
         Ok(l) => Some(l),
-        Err(e) if e.code == code::IO_FAILURE => {
+        Err(e) if e.code() == code::IO_FAILURE => {
             tracing::error!(error = %e, "DEL continues without the plexus lock");
             None
         }
@@ -164,7 +165,7 @@ fn finish(
     args: &CmdArgs,
     label: &str,
     reached_everything: bool,
-) -> Result<(), CniError> {
+) -> Result<(), MetaError> {
     let removed = ctx.store.remove(&args.container_id, &args.ifname);
     let left: Vec<String> = ctx
         .runtime
@@ -176,22 +177,17 @@ fn finish(
         .map(|c| format!("{} ({})", c.network_name, c.if_name))
         .collect();
     if let Err(e) = removed {
-        return Err(CniError::new(
-            code::IO_FAILURE,
-            format!("{label}: networks deleted, but plexus cannot remove its plan"),
-            e.details,
-        ));
+        return Err(MetaError::PlanNotRemoved {
+            pod: label.to_string(),
+            source: Box::new(e),
+        });
     }
     if !left.is_empty() {
-        return Err(CniError::new(
-            code::IO_FAILURE,
-            format!("{label}: networks deleted, but plexus cannot remove their cached results"),
-            format!(
-                "left in {}/results: {}",
-                ctx.config.cni_dir,
-                left.join(", ")
-            ),
-        ));
+        return Err(MetaError::ResultsLeft {
+            pod: label.to_string(),
+            cni_dir: ctx.config.cni_dir.clone(),
+            left,
+        });
     }
     if reached_everything {
         ctx.store.finish_delete(&args.container_id, &args.ifname);
@@ -259,9 +255,9 @@ fn rebuild(
     cni_args: &CniArgs,
     id: Option<&PodIdentity>,
     label: &str,
-) -> Result<Vec<PlannedAttachment>, CniError> {
+) -> Result<Vec<PlannedAttachment>, MetaError> {
     tracing::info!(container = %args.container_id, "no saved plan: rebuilding it for DEL");
-    let pod = id.and_then(|id| inputs.pod(ctx, id).ok().flatten());
+    let pod = id.and_then(|id| inputs.pod_typed(ctx, id).ok().flatten());
     let requests = planner::requests(&ctx.config, pod.as_ref()).unwrap_or_default();
     let refs = planner::nad_refs(
         &requests,
@@ -271,7 +267,7 @@ fn rebuild(
     let nads = if refs.is_empty() || id.is_none() {
         planner::NadMap::new()
     } else {
-        inputs.nads(ctx, &refs, label).unwrap_or_default()
+        inputs.nads_typed(ctx, &refs, label).unwrap_or_default()
     };
     let plan = match planner::make_plan(
         &ctx.config,

@@ -3,6 +3,7 @@
 //! error ADD would return. Manifests are JSON (`kubectl get -o json`); a `List` is accepted.
 
 use crate::context::Ctx;
+use crate::error::MetaError;
 use crate::inputs::files::{meta_str, FileInputs};
 use crate::inputs::{self, Inputs};
 use crate::plan::requests::NadMap;
@@ -23,11 +24,18 @@ const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--nad FILE]
   --claims and --slices. --device gives a device-plugin allocation (the kubelet's); --claims
   and --slices give the DRA objects behind the pod's status.resourceClaimStatuses.";
 
-fn read_json(path: &str) -> Result<Value, CniError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| CniError::new(5, format!("cannot read {path}"), e.to_string()))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| CniError::decode(format!("{path} is not valid JSON"), e.to_string()))
+fn read_file(path: &str) -> Result<Vec<u8>, MetaError> {
+    std::fs::read(path).map_err(|source| MetaError::ReadFile {
+        path: path.to_string(),
+        source,
+    })
+}
+
+fn read_json(path: &str) -> Result<Value, MetaError> {
+    serde_json::from_slice(&read_file(path)?).map_err(|source| MetaError::JsonFile {
+        path: path.to_string(),
+        source,
+    })
 }
 
 fn objects(v: Value) -> Vec<Value> {
@@ -37,15 +45,17 @@ fn objects(v: Value) -> Vec<Value> {
     }
 }
 
-/// Compute the plan (or error) as JSON.
+/// Compute the plan as JSON, or the error ADD would return.
 pub fn explain(
     config: &[u8],
     pod: &Value,
     nads: &[Value],
     ifname: &str,
     devices: &DeviceInputs,
-) -> Result<Value, CniError> {
-    let cfg = PlexusConfig::parse(config)?;
+) -> Result<Value, MetaError> {
+    let cfg = PlexusConfig::parse(config).map_err(|source| MetaError::Config {
+        source: source.into(),
+    })?;
     let ns = {
         let n = meta_str(pod, "namespace");
         if n.is_empty() {
@@ -103,7 +113,10 @@ pub fn explain(
     let args = CniArgs::parse(&format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
         info.id.namespace, info.id.name
-    ))?;
+    ))
+    .map_err(|source| MetaError::CniArgs {
+        source: source.into(),
+    })?;
     let label = format!("pod {}", info.id.key());
     let id = info.id.clone();
     let mut files = FileInputs {
@@ -113,7 +126,7 @@ pub fn explain(
     };
     let mut ctx = Ctx::from_config(cfg, &[], None);
     // The same stages as ADD: read (here from the manifests) → plan.
-    let pod = files.pod(&mut ctx, &id)?;
+    let pod = files.pod_typed(&mut ctx, &id)?;
     let read = inputs::read(&mut ctx, &mut files, pod, &label)?;
     let plan = crate::plan::for_pod(&ctx.config, ifname, &args, "<containerID>", &read)?;
     let cfg = &ctx.config;
@@ -183,9 +196,8 @@ pub fn main(argv: &[String]) -> i32 {
         eprintln!("{USAGE}");
         return 2;
     };
-    let mut run = || -> Result<Value, CniError> {
-        let cfg = std::fs::read(&config)
-            .map_err(|e| CniError::new(5, format!("cannot read {config}"), e.to_string()))?;
+    let mut run = || -> Result<Value, MetaError> {
+        let cfg = read_file(&config)?;
         let pod = read_json(&pod)?;
         let mut all = Vec::new();
         for n in &nads {
@@ -205,7 +217,11 @@ pub fn main(argv: &[String]) -> i32 {
             0
         }
         Err(e) => {
-            println!("{}", e.with_version(version::CURRENT).to_json());
+            // The edge: the typed error becomes the CNI error ADD would print.
+            println!(
+                "{}",
+                CniError::from(e).with_version(version::CURRENT).to_json()
+            );
             1
         }
     }
@@ -230,7 +246,21 @@ mod tests {
             .unwrap()
             .contains("IP=10.1.1.5/24"));
         let e = explain(cfg, &pod, &[], "eth0", &DeviceInputs::default()).unwrap_err();
-        assert!(e.msg.contains("db/mv") && e.msg.contains("not found"));
+        assert!(
+            matches!(&e, MetaError::NadNotFound { pod, ns, name } if pod == "pod db/pg-0" && ns == "db" && name == "mv"),
+            "{e:?}"
+        );
+        // What `plexus explain` prints: the CNI error ADD would return.
+        let c = CniError::from(e);
+        assert_eq!(c.code, 7);
+        assert_eq!(
+            c.msg,
+            "pod db/pg-0, network db/mv: NetworkAttachmentDefinition not found"
+        );
+        // An invalid config is reported as ADD would.
+        let e = explain(b"{", &pod, &[], "eth0", &DeviceInputs::default()).unwrap_err();
+        assert!(matches!(e, MetaError::Config { .. }), "{e:?}");
+        assert_eq!(e.code(), 6);
     }
 
     #[test]
@@ -276,8 +306,25 @@ mod tests {
         };
         let e = explain(cfg, &pod, &nads, "eth0", &only_dp).unwrap_err();
         assert!(
-            e.msg.contains("bank/vf-b") && e.msg.contains("no device"),
-            "{e}"
+            matches!(&e, MetaError::NoDeviceLeft { network, resource, allocated: 0, .. }
+                if network == "bank/vf-b" && resource == "intel.com/sriov_b"),
+            "{e:?}"
+        );
+        // A claim manifest that is not a ResourceClaim.
+        let bad = DeviceInputs {
+            claims: vec![json!({"metadata":{"name":"pg-vfs"},"spec":{"devices":7}})],
+            ..Default::default()
+        };
+        let e = explain(cfg, &pod, &nads, "eth0", &bad).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                MetaError::Manifest {
+                    what: "a claim",
+                    ..
+                }
+            ),
+            "{e:?}"
         );
     }
 }
