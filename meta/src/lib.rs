@@ -9,6 +9,7 @@
 //! `plexus explain` side by side.
 
 pub mod attach;
+pub mod cli;
 pub mod context;
 pub mod daemon;
 pub mod devices;

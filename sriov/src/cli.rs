@@ -28,6 +28,21 @@ const USAGE: &str = "usage: sriov list [--json] [--sysfs-root DIR] [--state-dir 
        sriov version
        sriov (run by the container runtime or plexus with CNI_COMMAND set and the config on stdin)";
 
+/// The shipped `sriov` binary's main (src/main.rs calls it; the e2e tests' `e2e-sriov` wrapper
+/// too): the node's settings (`PLEXUS_SRIOV_STATE_DIR`) and nothing else from the environment —
+/// no test seam can be switched on here.
+pub fn sriov_main() {
+    main(Settings::from_env(|k| std::env::var(k).ok()));
+}
+
+/// The test-only `sriov-fake-pf` binary's main (feature `testkit`): the `sriov` plugin on a
+/// fake node — the sysfs tree from `PLEXUS_SYSFS_ROOT` and the file-backed PF from
+/// `PLEXUS_SRIOV_FAKE_PF`.
+#[cfg(feature = "testkit")]
+pub fn fake_pf_main() {
+    main(Settings::from_test_env(|k| std::env::var(k).ok()));
+}
+
 /// Run the binary with `settings` (read from the environment by the caller) and exit.
 pub fn main(settings: Settings) {
     let argv: Vec<String> = std::env::args().skip(1).collect();

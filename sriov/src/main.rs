@@ -1,6 +1,7 @@
 //! The `sriov` binary as shipped: the node's settings (`PLEXUS_SRIOV_STATE_DIR`) and nothing
-//! else from the environment — no test seam can be switched on here.
+//! else from the environment — no test seam can be switched on here (see
+//! [`plexus_sriov::cli::sriov_main`]).
 
 fn main() {
-    plexus_sriov::cli::main(plexus_sriov::Settings::from_env(|k| std::env::var(k).ok()));
+    plexus_sriov::cli::sriov_main();
 }

@@ -23,76 +23,95 @@ pub fn uniq(prefix: &str) -> String {
     )
 }
 
-/// The workspace's binary `name` as cargo built it for this run (`cargo build --workspace
-/// --bins`, which `scripts/test.sh` runs before the tests). A binary older than any source it
-/// is built from is refused: a stale `target/debug` file never stands in for the code under
-/// test. `PLEXUS_<NAME>_BIN` overrides the path (the VM tier passes it to its guest).
+/// The binaries under test, by the name they are installed and run under, and the file cargo
+/// built for this package's tests: `e2e-<name>` (e2e/src/bin), a one-line call of the shipped
+/// binary's library main (`plexus_meta::cli`, `plexus_sriov::cli`).
+pub const BUILT: &[(&str, &str)] = &[
+    ("plexus", env!("CARGO_BIN_EXE_e2e-plexus")),
+    ("plexus-daemon", env!("CARGO_BIN_EXE_e2e-plexus-daemon")),
+    ("sriov", env!("CARGO_BIN_EXE_e2e-sriov")),
+    ("sriov-fake-pf", env!("CARGO_BIN_EXE_e2e-sriov-fake-pf")),
+];
+
+/// `<target>/<profile>/e2e-bin`: where [`bin`] links the binaries under their real names, next
+/// to the files cargo built (same filesystem; inside the VM tier's guest, the same path over the
+/// host root's 9p share).
+pub fn bin_dir() -> PathBuf {
+    Path::new(BUILT[0].1)
+        .parent()
+        .expect("cargo's binary directory")
+        .join("e2e-bin")
+}
+
+/// The binary under test `name` (`plexus`, `plexus-daemon`, `sriov`, `sriov-fake-pf`), named
+/// exactly `name` (tests put it into CNI bin dirs, the installer copies it by name, `plexus
+/// daemon` runs the `plexus-daemon` next to it): `bin_dir()/name`, a hard link to the file cargo
+/// built for this test run (`CARGO_BIN_EXE_e2e-<name>`), so no manual build and no stale
+/// `target/debug` file. `PLEXUS_<NAME>_BIN` overrides the path.
 pub fn bin(name: &str) -> PathBuf {
     let var = format!("PLEXUS_{}_BIN", name.to_uppercase().replace('-', "_"));
     if let Ok(p) = std::env::var(var) {
         return PathBuf::from(p);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
-    let p = target.join("debug").join(name);
     assert!(
-        p.exists(),
-        "{} not built: run `cargo build --workspace --bins` first",
-        p.display()
+        BUILT.iter().any(|(n, _)| *n == name),
+        "no binary {name:?} under test (see common::BUILT)"
     );
-    assert_fresh(&p, &root);
-    p
+    // All of them at once, once per process: `plexus daemon` needs its `plexus-daemon` too.
+    static LINKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LINKED
+        .get_or_init(|| {
+            let dir = bin_dir();
+            for (n, built) in BUILT {
+                link_binary(Path::new(built), &dir.join(n)).unwrap_or_else(|e| {
+                    panic!("cannot link {built} as {}: {e}", dir.join(n).display())
+                });
+            }
+            dir
+        })
+        .join(name)
 }
 
-/// Panics when `binary` is older than a source file (`src/`) of a crate it is built from.
-fn assert_fresh(binary: &Path, root: &Path) {
-    let name = binary.file_name().unwrap().to_string_lossy();
-    let crates: &[&str] = if name.starts_with("sriov") {
-        &["conf", "delegates", "sriov"]
-    } else if name == "plexus" || name == "plexus-daemon" || name == "plexus-shim" {
-        &["conf", "delegates", "meta"]
-    } else {
-        &["conf", "delegates", "meta", "e2e"]
-    };
-    fn newest(dir: &Path, best: &mut Option<(std::time::SystemTime, PathBuf)>) {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in rd.filter_map(Result::ok) {
-            let p = e.path();
-            if p.is_dir() {
-                // Other binaries' mains (src/bin/*) are not part of this one.
-                if p.file_name().is_some_and(|n| n != "bin") {
-                    newest(&p, best);
-                }
-            } else if p.extension().is_some_and(|x| x == "rs" || x == "toml") {
-                if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
-                    if best.as_ref().is_none_or(|(b, _)| t > *b) {
-                        *best = Some((t, p));
-                    }
-                }
-            }
+/// Makes `dest` the file `src` unless it already is: a hard link (a copy with the same mtime
+/// where hard links fail) made under a temporary name and renamed over `dest`, so parallel
+/// test processes never see a partial file or a missing one.
+pub fn link_binary(src: &Path, dest: &Path) -> std::io::Result<()> {
+    if same_binary(src, dest) {
+        return Ok(());
+    }
+    let dir = dest.parent().expect("dest has a directory");
+    std::fs::create_dir_all(dir)?;
+    static N: AtomicU32 = AtomicU32::new(0);
+    let tmp = dir.join(format!(
+        ".{}.{}.{}",
+        dest.file_name().unwrap().to_string_lossy(),
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(src, &tmp).is_err() {
+        std::fs::copy(src, &tmp)?;
+        let mtime = std::fs::metadata(src)?.modified()?;
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)?
+            .set_modified(mtime)?;
+    }
+    let renamed = std::fs::rename(&tmp, dest);
+    // rename(2) leaves both names when they already are the same file (a parallel process won).
+    let _ = std::fs::remove_file(&tmp);
+    renamed
+}
+
+/// Whether `dest` is `src`: the same inode, or (a copy) the same size and modification time.
+fn same_binary(src: &Path, dest: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(src), std::fs::metadata(dest)) {
+        (Ok(a), Ok(b)) => {
+            (a.dev(), a.ino()) == (b.dev(), b.ino())
+                || (a.len(), a.mtime(), a.mtime_nsec()) == (b.len(), b.mtime(), b.mtime_nsec())
         }
-    }
-    let mut best = None;
-    for krate in crates {
-        newest(&root.join(krate).join("src"), &mut best);
-    }
-    let built = std::fs::metadata(binary)
-        .and_then(|m| m.modified())
-        .unwrap();
-    if let Some((t, src)) = best {
-        assert!(
-            built >= t,
-            "{} is older than {}: run `cargo build --workspace --bins` first",
-            binary.display(),
-            src.display()
-        );
+        _ => false,
     }
 }
 

@@ -100,7 +100,8 @@ pub fn main() -> i32 {
             return 0;
         }
     };
-    // The VM runs the freshly built binaries from the host's root.
+    // The VM runs the binaries cargo built for this run from the host's root, which it mounts
+    // read-only: link them into `common::bin_dir()` here, the guest finds them there.
     for b in ["sriov", "plexus"] {
         let _ = bin(b);
     }

@@ -1,8 +1,8 @@
 //! `plexus-daemon`: daemon mode's node daemon (watch caches, the shim's socket, metrics). A
 //! binary of its own so that the thin `plexus` the kubelet runs for every call carries none of
-//! the watch runtime or the metrics code; `plexus daemon …` runs this one.
+//! the watch runtime or the metrics code; `plexus daemon …` runs this one. The body is
+//! [`plexus_meta::cli::daemon_main`].
 
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    std::process::exit(plexus_meta::daemon::main(&argv));
+    plexus_meta::cli::daemon_main();
 }

@@ -1,8 +1,7 @@
 //! Test build only (feature `testkit`): the `sriov` plugin on a fake node — the sysfs tree from
-//! `PLEXUS_SYSFS_ROOT` and the file-backed PF from `PLEXUS_SRIOV_FAKE_PF`.
+//! `PLEXUS_SYSFS_ROOT` and the file-backed PF from `PLEXUS_SRIOV_FAKE_PF` (see
+//! [`plexus_sriov::cli::fake_pf_main`]).
 
 fn main() {
-    plexus_sriov::cli::main(plexus_sriov::Settings::from_test_env(|k| {
-        std::env::var(k).ok()
-    }));
+    plexus_sriov::cli::fake_pf_main();
 }
