@@ -62,6 +62,20 @@ pub fn summary() -> String {
         .join(" ")
 }
 
+/// This process' peak resident set so far (`VmHWM` in `/proc/self/status`), in KiB; 0 when
+/// unreadable. Unlike `getrusage(RUSAGE_CHILDREN)` seen from a parent, it never counts the
+/// delegates this process ran.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +95,19 @@ mod tests {
         assert!(c >= Duration::from_millis(2), "{c:?}");
         reset();
         assert!(phases().is_empty());
+    }
+
+    #[test]
+    fn peak_rss_grows_with_touched_memory() {
+        let before = peak_rss_kib();
+        assert!(before > 0);
+        let v = vec![1u8; 32 << 20];
+        assert!(v.iter().step_by(4096).all(|b| *b == 1));
+        assert!(
+            peak_rss_kib() >= before + 16 * 1024,
+            "{before} -> {}",
+            peak_rss_kib()
+        );
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl Plexus {
 fn log_done(verb: &str, args: &CmdArgs, ok: bool, started: Instant) {
     tracing::info!(container = %args.container_id, ifname = %args.ifname, ok,
         elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+        peak_rss_kib = timing::peak_rss_kib(),
         phases = ?timing::summary(), "{verb} done");
 }
 

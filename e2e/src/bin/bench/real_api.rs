@@ -41,6 +41,7 @@ fn repo(p: &str) -> String {
 #[derive(Debug, Default)]
 struct Done {
     elapsed_ms: f64,
+    peak_rss_kib: u64,
     phases: BTreeMap<String, f64>,
 }
 
@@ -57,6 +58,13 @@ fn parse_log(text: &str, verb: &str) -> Vec<Done> {
                     .next()
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(0.0);
+            }
+            if let Some(v) = l.split("peak_rss_kib=").nth(1) {
+                d.peak_rss_kib = v
+                    .split_whitespace()
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
             }
             // `phases` is the line's last field (quoted or not, depending on the formatter).
             if let Some(v) = l.split_once("phases=").map(|(_, v)| v.trim_matches('"')) {
@@ -127,7 +135,6 @@ struct Round {
     direct_del: Vec<Duration>,
     add: Vec<Duration>,
     del: Vec<Duration>,
-    rss: Vec<(u64, u64)>,
 }
 
 /// The cluster side of the benchmark: a control plane with the CRD, plexus' RBAC and token,
@@ -207,14 +214,13 @@ impl Bench {
     }
 
     /// `n` timed rounds (after one warm-up) of: the two delegates directly, then plexus ADD
-    /// and DEL; with `rss`, three more ADD/DEL pairs under `--peak-rss-of`.
-    fn rounds(&mut self, plexus: &Path, conf: &Value, n: usize, rss: bool) -> Result<Round> {
+    /// and DEL; with `strace`, one more ADD under strace when `PLEXUS_BENCH_STRACE` is set.
+    fn rounds(&mut self, plexus: &Path, conf: &Value, n: usize, strace: bool) -> Result<Round> {
         let mut r = Round {
             direct_add: vec![],
             direct_del: vec![],
             add: vec![],
             del: vec![],
-            rss: vec![],
         };
         let netns = format!("/run/netns/{}", self.e.netns);
         let cni_path = self.cni_bin.display().to_string();
@@ -263,7 +269,7 @@ impl Bench {
             }
         }
         // `PLEXUS_BENCH_STRACE=FILE`: one more ADD under `strace -f -ttt -T -o FILE` (analysis).
-        if let Some(out) = std::env::var_os("PLEXUS_BENCH_STRACE").filter(|_| rss) {
+        if let Some(out) = std::env::var_os("PLEXUS_BENCH_STRACE").filter(|_| strace) {
             let (pod, uid) = self.pod()?;
             let cid = format!("bench-strace-{}", self.pods);
             let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
@@ -276,25 +282,6 @@ impl Bench {
             );
             if !out.status.success() {
                 bail!("plexus ADD under strace failed");
-            }
-        }
-        if rss {
-            for _ in 0..3 {
-                let (pod, uid) = self.pod()?;
-                let cid = format!("bench-rss-{}", self.pods);
-                let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
-                let peak = |cmd: &'static str| -> Result<u64> {
-                    let env = plexus_env(cmd, &cid, &netns, &cni_path, &args);
-                    let mut measure = Command::new(std::env::current_exe()?);
-                    measure.arg("--peak-rss-of").arg(plexus);
-                    let out = run_with(measure, &env, conf);
-                    if !out.status.success() {
-                        bail!("plexus {cmd} (peak RSS run) failed");
-                    }
-                    Ok(String::from_utf8_lossy(&out.stderr).trim().parse()?)
-                };
-                let a = peak("ADD")?;
-                r.rss.push((a, peak("DEL")?));
             }
         }
         Ok(r)
@@ -324,15 +311,12 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         println!(" {label}:");
         print_breakdown("ADD", &r.add, &r.direct_add, &lines("ADD"));
         print_breakdown("DEL", &r.del, &r.direct_del, &lines("DEL"));
-        if !r.rss.is_empty() {
-            let max = |f: fn(&(u64, u64)) -> u64| r.rss.iter().map(f).max().unwrap_or(0);
-            println!(
-                "  peak RSS (max of {}): ADD {} KiB, DEL {} KiB",
-                r.rss.len(),
-                max(|x| x.0),
-                max(|x| x.1)
-            );
-        }
+        let peak = |v: &[Done]| v.iter().map(|d| d.peak_rss_kib).max().unwrap_or(0);
+        println!(
+            "  peak RSS of plexus itself (VmHWM, max of {n}): ADD {} KiB, DEL {} KiB",
+            peak(&lines("ADD")),
+            peak(&lines("DEL"))
+        );
     }
     // Process start alone: a VERSION call does nothing but parse its stdin; /bin/true is the
     // floor of this harness (spawn, pipes, wait) and a Go plugin's VERSION the reference.
@@ -371,10 +355,11 @@ mod tests {
 
     #[test]
     fn log_lines_parse_into_elapsed_and_phases() {
-        let text = "2026-11-23T16:00:00Z  INFO plexus_meta::plugin: ADD done container=\"c\" ifname=\"eth0\" ok=true elapsed_ms=12.5 phases=\"config=0.10 pod_get=3.25\"\nunrelated\n";
+        let text = "2026-11-23T16:00:00Z  INFO plexus_meta::plugin: ADD done container=\"c\" ifname=\"eth0\" ok=true elapsed_ms=12.5 peak_rss_kib=6144 phases=\"config=0.10 pod_get=3.25\"\nunrelated\n";
         let got = parse_log(text, "ADD");
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].elapsed_ms, 12.5);
+        assert_eq!(got[0].peak_rss_kib, 6144);
         assert_eq!(got[0].phases["pod_get"], 3.25);
         assert_eq!(got[0].phases.len(), 2);
         assert!(parse_log(text, "DEL").is_empty());
