@@ -12,6 +12,7 @@ source scripts/setup.sh
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The e2e tests run the real binaries: build them first.
+# Every binary, built once up front (the e2e tests link their own copies through e2e-bin/; this
+# build is what the demo and a manual run use, and it fails fast on a build error).
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
