@@ -574,13 +574,6 @@ pub enum MetaError {
         #[source]
         source: std::io::Error,
     },
-    /// An [`crate::inputs::Inputs`] source failed; its error is already in wire form (the
-    /// trait returns `CniError` until `daemon::cache` is converted) and passes through as is.
-    Inputs {
-        /// The source's error.
-        #[source]
-        source: Box<CniError>,
-    },
     /// The call's async runtime cannot start (999).
     Runtime {
         /// Why.
@@ -630,8 +623,7 @@ impl MetaError {
             | CheckpointInvalid { source, .. }
             | Delegate { source }
             | ResultCache { source }
-            | Rollback { source, .. }
-            | Inputs { source } => source.code,
+            | Rollback { source, .. } => source.code,
             DevicesUnavailable { source, .. }
             | PlanInvalid { source, .. }
             | Attachment { source, .. }
@@ -711,8 +703,7 @@ impl MetaError {
             | CniArgs { source }
             | NadInvalid { source, .. }
             | Delegate { source }
-            | ResultCache { source }
-            | Inputs { source } => (source.msg.clone(), source.details.clone()),
+            | ResultCache { source } => (source.msg.clone(), source.details.clone()),
             InterfaceName {
                 pod,
                 network,
@@ -1167,13 +1158,12 @@ mod tests {
             JsonFile { .. } => "JsonFile",
             DaemonUnreachable { .. } => "DaemonUnreachable",
             DaemonNoAnswer { .. } => "DaemonNoAnswer",
-            Inputs { .. } => "Inputs",
             Runtime { .. } => "Runtime",
             Internal { .. } => "Internal",
         }
     }
 
-    const ALL: usize = 66;
+    const ALL: usize = 65;
 
     /// One example per variant (several where the code depends on the cause) and the code
     /// docs/design.md's "Error codes" table gives it. One row per line: a table.
@@ -1264,7 +1254,6 @@ mod tests {
             (JsonFile { path: s("/f"), source: json_err() }, 6),
             (DaemonUnreachable { socket: s("/s"), why: "w", source: io(ErrorKind::ConnectionRefused) }, 11),
             (DaemonNoAnswer { socket: s("/s"), source: io(ErrorKind::UnexpectedEof) }, 11),
-            (Inputs { source: cni(102) }, 102),
             (Runtime { source: io(ErrorKind::Other) }, 999),
             (Internal { what: "no default network result" }, 999),
         ]

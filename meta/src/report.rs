@@ -8,6 +8,7 @@
 
 use crate::attach::Attached;
 use crate::context::Ctx;
+use crate::error::MetaError;
 use crate::k8s::{EventType, K8sError, KubeClient, PodRef};
 use crate::plan::PlannedAttachment;
 use crate::pod::PodInfo;
@@ -96,9 +97,17 @@ fn event_future(
     })
 }
 
-/// Why the network-status could not be written (the attachments themselves are fine).
+/// Why the network-status could not be written (the attachments themselves are fine). ADD
+/// reports [`StatusFailure::Api`] as [`MetaError::StatusWrite`] and a
+/// [`StatusFailure::NotSent`] as its own error.
 #[derive(Debug)]
-pub struct StatusFailure(pub K8sError);
+pub enum StatusFailure {
+    /// The API server refused the PATCH, or failed it for good.
+    Api(K8sError),
+    /// The PATCH could not be sent: the call's async runtime did not start
+    /// ([`MetaError::Runtime`]).
+    NotSent(Box<MetaError>),
+}
 
 /// After a successful attach: write network-status, the claims' network data and the
 /// summary event. `Err` only when the status could not be written and will not be retried:
@@ -138,7 +147,7 @@ pub fn added(
             }
             None => ctx.block_on(patch),
         }
-        .unwrap_or_else(|e| Err(K8sError::Client(e.to_string())));
+        .map_err(|e| StatusFailure::NotSent(Box::new(e)))?;
         match res {
             Ok(()) => {}
             Err(e) if e.is_not_found() || matches!(e, K8sError::PodReplaced { .. }) => {
@@ -158,7 +167,7 @@ pub fn added(
                         &format!("cannot write the network-status annotation ({e}): removing the interfaces"),
                     );
                 }
-                return Err(StatusFailure(e));
+                return Err(StatusFailure::Api(e));
             }
         }
     }

@@ -12,6 +12,7 @@
 use super::metrics::Metrics;
 use crate::context::Ctx;
 use crate::devices::dra::DraDevice;
+use crate::error::MetaError;
 use crate::inputs::api::{fetch_nads, fetch_pod};
 use crate::inputs::Inputs;
 use crate::k8s::{KubeClient, Nad, Pod};
@@ -23,7 +24,6 @@ use futures::StreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
-use plexus_conf::error::CniError;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -351,7 +351,7 @@ pub struct CacheInputs {
 }
 
 impl Inputs for CacheInputs {
-    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
+    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
         if self.client.is_none() {
             return Ok(None);
         }
@@ -368,7 +368,7 @@ impl Inputs for CacheInputs {
         ctx: &mut Ctx,
         refs: &[(String, String)],
         label: &str,
-    ) -> Result<NadMap, CniError> {
+    ) -> Result<NadMap, MetaError> {
         let mut map = NadMap::new();
         if self.client.is_none() {
             return Ok(map);
@@ -395,11 +395,11 @@ impl Inputs for CacheInputs {
         ctx: &mut Ctx,
         pod: &PodInfo,
         wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
+    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
         crate::devices::allocated(ctx, self.client.as_ref(), pod, wanted)
     }
 
-    fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
+    fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         Ok(self.client.clone())
     }
 }
@@ -424,6 +424,75 @@ mod tests {
             uid: uid.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_cache_miss_the_api_refuses_fails_with_the_typed_read_error() {
+        use crate::k8s::testutil::{json_response, MockApi};
+        use crate::k8s::K8sError;
+        use plexus_conf::plexus_config::PlexusConfig;
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mock = MockApi::repeating(json_response(
+            403,
+            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","reason":"Forbidden","code":403}"#,
+        ));
+        let client = {
+            let _in_rt = rt.enter();
+            mock.client()
+        };
+        let cfg = PlexusConfig::parse(
+            br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]}"#,
+        )
+        .unwrap();
+        let mut ctx =
+            Ctx::from_config(cfg, &[], None).with_shared(rt.handle().clone(), Some(client.clone()));
+        let caches = Arc::new(Caches::default());
+        caches.apply_nad(Event::Init);
+        caches.apply_nad(Event::InitApply(
+            serde_json::from_value(json!({"metadata":{"name":"cached","namespace":"db"},
+                "spec":{"config":"{\"cniVersion\":\"1.0.0\",\"type\":\"macvlan\"}"}}))
+            .unwrap(),
+        ));
+        caches.apply_nad(Event::InitDone);
+        let mut inputs = CacheInputs {
+            caches,
+            client: Some(client),
+            pod_wait: Duration::ZERO,
+            metrics: Arc::new(Metrics::new()),
+        };
+        let forbidden = |s: &K8sError| matches!(s, K8sError::Api { code: 403, .. });
+
+        // The pod cache has not synced: straight to the GET, which is refused.
+        let e = inputs.pod(&mut ctx, &id("a", "u1")).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::PodRead { pod, source } if pod == "db/a" && forbidden(source)),
+            "{e:?}"
+        );
+        assert_eq!(e.code(), 102);
+
+        // A cached NAD costs nothing; the missing one is read, and that read is refused.
+        let refs = vec![
+            ("db".to_string(), "cached".to_string()),
+            ("db".to_string(), "new".to_string()),
+        ];
+        let map = inputs.nads(&mut ctx, &refs[..1], "pod db/a").unwrap();
+        assert!(map[&refs[0]].is_some());
+        assert_eq!(mock.requests().len(), 1, "only the pod GET so far");
+        let e = inputs.nads(&mut ctx, &refs, "pod db/a").unwrap_err();
+        assert!(
+            matches!(&e, MetaError::NadRead { pod, ns, name, source }
+                if pod == "pod db/a" && ns == "db" && name == "new" && forbidden(source)),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.msg(),
+            "pod db/a, network db/new: cannot read the NetworkAttachmentDefinition"
+        );
     }
 
     #[test]

@@ -61,20 +61,7 @@ pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, MetaError>
 /// first; for resources it does not cover, the pod's DRA claims (only pods that have claims pay
 /// the claim GETs and slice LISTs). `claims` is the pod's DRA side when the pod object was
 /// read; `None` means it must be read (one GET) before the claims can be known.
-///
-/// Generic over the error only so that `daemon::cache`'s [`crate::inputs::Inputs`] impl,
-/// whose trait still returns `CniError`, can return it as it is; elsewhere the error is a
-/// [`MetaError`].
-pub fn allocated<E: From<MetaError>>(
-    ctx: &mut Ctx,
-    client: Option<&crate::k8s::KubeClient>,
-    pod: &PodInfo,
-    wanted: &std::collections::BTreeSet<String>,
-) -> Result<(DeviceMap, Vec<dra::DraDevice>), E> {
-    allocated_typed(ctx, client, pod, wanted).map_err(E::from)
-}
-
-fn allocated_typed(
+pub fn allocated(
     ctx: &mut Ctx,
     client: Option<&crate::k8s::KubeClient>,
     pod: &PodInfo,
@@ -94,7 +81,7 @@ fn allocated_typed(
     };
     let claims = match &pod.claims {
         Some(c) => c.clone(),
-        None => crate::inputs::api::fetch_pod::<MetaError>(ctx, Some(client), Some(&pod.id))?
+        None => crate::inputs::api::fetch_pod(ctx, Some(client), Some(&pod.id))?
             .and_then(|p| p.claims)
             .unwrap_or_default(),
     };

@@ -10,7 +10,6 @@ use crate::plan::requests::NadMap;
 use crate::plan::resolve::NadData;
 use crate::plan::DeviceMap;
 use crate::pod::{PodIdentity, PodInfo};
-use plexus_conf::error::CniError;
 use plexus_conf::plexus_config::PlexusConfig;
 use std::collections::BTreeSet;
 
@@ -24,33 +23,7 @@ pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations"
 pub struct ApiInputs;
 
 impl Inputs for ApiInputs {
-    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
-        Ok(self.pod_typed(ctx, id)?)
-    }
-
-    fn nads(
-        &mut self,
-        ctx: &mut Ctx,
-        refs: &[(String, String)],
-        label: &str,
-    ) -> Result<NadMap, CniError> {
-        Ok(self.nads_typed(ctx, refs, label)?)
-    }
-
-    fn devices(
-        &mut self,
-        ctx: &mut Ctx,
-        pod: &PodInfo,
-        wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
-        Ok(self.devices_typed(ctx, pod, wanted)?)
-    }
-
-    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
-        Ok(self.client_typed(ctx)?)
-    }
-
-    fn pod_typed(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
+    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
         let client = ctx.client()?;
         if client.is_some() {
             if let Some(p) = pod_from_runtime(&ctx.config, Some(id)) {
@@ -60,7 +33,7 @@ impl Inputs for ApiInputs {
         fetch_pod(ctx, client.as_ref(), Some(id))
     }
 
-    fn nads_typed(
+    fn nads(
         &mut self,
         ctx: &mut Ctx,
         refs: &[(String, String)],
@@ -70,7 +43,7 @@ impl Inputs for ApiInputs {
         fetch_nads(ctx, client.as_ref(), refs, label)
     }
 
-    fn devices_typed(
+    fn devices(
         &mut self,
         ctx: &mut Ctx,
         pod: &PodInfo,
@@ -80,7 +53,7 @@ impl Inputs for ApiInputs {
         crate::devices::allocated(ctx, client.as_ref(), pod, wanted)
     }
 
-    fn client_typed(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
+    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         ctx.client()
     }
 }
@@ -106,18 +79,7 @@ pub fn pod_from_runtime(config: &PlexusConfig, id: Option<&PodIdentity>) -> Opti
 
 /// Fetch the pod (bounded retry). `Ok(None)`: no API, no pod identity, or the pod is gone.
 /// Fails with [`MetaError::PodRead`].
-///
-/// Generic over the error only so that `daemon::cache`'s [`Inputs`] impl, whose trait still
-/// returns `CniError`, can return it as it is; elsewhere call `fetch_pod::<MetaError>`.
-pub fn fetch_pod<E: From<MetaError>>(
-    ctx: &mut Ctx,
-    client: Option<&KubeClient>,
-    id: Option<&PodIdentity>,
-) -> Result<Option<PodInfo>, E> {
-    read_pod(ctx, client, id).map_err(E::from)
-}
-
-fn read_pod(
+pub fn fetch_pod(
     ctx: &mut Ctx,
     client: Option<&KubeClient>,
     id: Option<&PodIdentity>,
@@ -180,27 +142,24 @@ pub fn fetch_nads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::k8s::ClientOptions;
-    use kube::client::Body;
+    use crate::k8s::testutil::{json_response, MockApi};
 
     /// A client whose API server answers every request with `status` and a `Status` body.
     fn client_answering(rt: &tokio::runtime::Runtime, status: u16) -> KubeClient {
+        // kube's client spawns its buffer worker on the current runtime.
         let _in_rt = rt.enter();
-        let svc = tower::service_fn(move |_req: http::Request<Body>| async move {
-            let body = format!(
-                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","reason":"{}","code":{status}}}"#,
-                if status == 404 {
-                    "NotFound"
-                } else {
-                    "Forbidden"
-                }
-            );
-            http::Response::builder()
-                .status(status)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body.into_bytes()))
-        });
-        KubeClient::from_client(kube::Client::new(svc, "default"), ClientOptions::default())
+        let reason = if status == 404 {
+            "NotFound"
+        } else {
+            "Forbidden"
+        };
+        MockApi::repeating(json_response(
+            status,
+            &format!(
+                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","reason":"{reason}","code":{status}}}"#
+            ),
+        ))
+        .client()
     }
 
     fn ctx(rt: &tokio::runtime::Runtime, client: KubeClient) -> Ctx {
@@ -229,7 +188,7 @@ mod tests {
         let client = client_answering(&rt, 403);
         let mut ctx = ctx(&rt, client.clone());
 
-        let e = fetch_pod::<MetaError>(&mut ctx, Some(&client), Some(&id())).unwrap_err();
+        let e = fetch_pod(&mut ctx, Some(&client), Some(&id())).unwrap_err();
         assert!(
             matches!(&e, MetaError::PodRead { pod, source } if pod == "db/p"
                 && matches!(**source, crate::k8s::K8sError::Api { code: 403, .. })),
@@ -238,17 +197,14 @@ mod tests {
         assert_eq!(e.code(), 102);
 
         let refs = vec![("db".to_string(), "mv".to_string())];
-        let e = ApiInputs
-            .nads_typed(&mut ctx, &refs, "pod db/p")
-            .unwrap_err();
+        let e = ApiInputs.nads(&mut ctx, &refs, "pod db/p").unwrap_err();
         assert!(
             matches!(&e, MetaError::NadRead { ns, name, source, .. }
                 if ns == "db" && name == "mv" && matches!(**source, crate::k8s::K8sError::Api { code: 403, .. })),
             "{e:?}"
         );
-        // Through the wire-format methods the same error arrives as the CniError it becomes.
-        let c = ApiInputs.nads(&mut ctx, &refs, "pod db/p").unwrap_err();
-        assert_eq!(c, e.to_cni());
+        // The CNI error it becomes at the edge.
+        let c = e.to_cni();
         assert_eq!(
             (c.code, c.msg.as_str()),
             (
@@ -260,7 +216,7 @@ mod tests {
         // A NAD that does not exist is no error here: the planner names it.
         let client = client_answering(&rt, 404);
         let mut ctx = self::ctx(&rt, client);
-        let map = ApiInputs.nads_typed(&mut ctx, &refs, "pod db/p").unwrap();
+        let map = ApiInputs.nads(&mut ctx, &refs, "pod db/p").unwrap();
         assert_eq!(map.get(&refs[0]), Some(&None));
     }
 }

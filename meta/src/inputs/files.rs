@@ -10,7 +10,6 @@ use crate::plan::requests::NadMap;
 use crate::plan::DeviceMap;
 use crate::pod::{PodIdentity, PodInfo};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use plexus_conf::error::CniError;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -26,41 +25,11 @@ pub struct FileInputs {
 }
 
 impl Inputs for FileInputs {
-    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
-        Ok(self.pod_typed(ctx, id)?)
-    }
-
-    fn nads(
-        &mut self,
-        ctx: &mut Ctx,
-        refs: &[(String, String)],
-        label: &str,
-    ) -> Result<NadMap, CniError> {
-        Ok(self.nads_typed(ctx, refs, label)?)
-    }
-
-    fn devices(
-        &mut self,
-        ctx: &mut Ctx,
-        pod: &PodInfo,
-        wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
-        Ok(self.devices_typed(ctx, pod, wanted)?)
-    }
-
-    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
-        Ok(self.client_typed(ctx)?)
-    }
-
-    fn pod_typed(
-        &mut self,
-        _ctx: &mut Ctx,
-        _id: &PodIdentity,
-    ) -> Result<Option<PodInfo>, MetaError> {
+    fn pod(&mut self, _ctx: &mut Ctx, _id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
         Ok(self.pod.clone())
     }
 
-    fn nads_typed(
+    fn nads(
         &mut self,
         _ctx: &mut Ctx,
         refs: &[(String, String)],
@@ -72,7 +41,7 @@ impl Inputs for FileInputs {
             .collect())
     }
 
-    fn devices_typed(
+    fn devices(
         &mut self,
         _ctx: &mut Ctx,
         pod: &PodInfo,
@@ -81,7 +50,7 @@ impl Inputs for FileInputs {
         self.devices.resolve(pod, &format!("pod {}", pod.id.key()))
     }
 
-    fn client_typed(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
+    fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         Ok(None)
     }
 }

@@ -19,20 +19,14 @@ use crate::k8s::KubeClient;
 use crate::plan::requests::{self, NadMap, Requests};
 use crate::plan::DeviceMap;
 use crate::pod::{PodIdentity, PodInfo};
-use plexus_conf::error::CniError;
 use std::collections::BTreeSet;
 
-/// A source of the pod, its NADs and its devices.
-///
-/// Two sets of methods, during the move to [`MetaError`]: the stages call the typed ones
-/// (`*_typed`), which a source implements when it builds typed errors ([`api::ApiInputs`],
-/// [`files::FileInputs`]); their defaults call the wire-format ones (`pod`, `nads`…) and carry
-/// a `CniError` unchanged as [`MetaError::Inputs`]. `daemon::cache::CacheInputs` still
-/// implements only the `CniError` methods; once it implements the typed ones, the `CniError`
-/// methods can go and the typed ones take their names.
+/// A source of the pod, its NADs and its devices. Every method fails with a typed
+/// [`MetaError`] naming what could not be read ([`MetaError::PodRead`], [`MetaError::NadRead`],
+/// a device variant…), whichever the source.
 pub trait Inputs {
     /// The pod. `Ok(None)`: no API (static mode) or the pod is gone.
-    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, CniError>;
+    fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError>;
     /// The NADs `refs` names, by `(namespace, name)`; a missing NAD maps to `None`. `label`
     /// names the pod in errors.
     fn nads(
@@ -40,7 +34,7 @@ pub trait Inputs {
         ctx: &mut Ctx,
         refs: &[(String, String)],
         label: &str,
-    ) -> Result<NadMap, CniError>;
+    ) -> Result<NadMap, MetaError>;
     /// The devices allocated to `pod` for the `wanted` resources: per resource, and the DRA
     /// devices among them.
     fn devices(
@@ -48,37 +42,10 @@ pub trait Inputs {
         ctx: &mut Ctx,
         pod: &PodInfo,
         wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), CniError>;
+    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError>;
     /// The API client the report stage writes through (`None`: static mode, nothing is
     /// reported).
-    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, CniError>;
-
-    /// [`Inputs::pod`] with a typed error.
-    fn pod_typed(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
-        self.pod(ctx, id).map_err(inputs_error)
-    }
-    /// [`Inputs::nads`] with a typed error.
-    fn nads_typed(
-        &mut self,
-        ctx: &mut Ctx,
-        refs: &[(String, String)],
-        label: &str,
-    ) -> Result<NadMap, MetaError> {
-        self.nads(ctx, refs, label).map_err(inputs_error)
-    }
-    /// [`Inputs::devices`] with a typed error.
-    fn devices_typed(
-        &mut self,
-        ctx: &mut Ctx,
-        pod: &PodInfo,
-        wanted: &BTreeSet<String>,
-    ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
-        self.devices(ctx, pod, wanted).map_err(inputs_error)
-    }
-    /// [`Inputs::client`] with a typed error.
-    fn client_typed(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
-        self.client(ctx).map_err(inputs_error)
-    }
+    fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError>;
 }
 
 /// Everything the planner needs, as read from an [`Inputs`].
@@ -112,7 +79,7 @@ pub fn read(
     let nads = if refs.is_empty() {
         NadMap::new()
     } else {
-        inputs.nads_typed(ctx, &refs, label)?
+        inputs.nads(ctx, &refs, label)?
     };
     // Device networks: ask for what was allocated only when a NAD names a resource.
     let wanted: BTreeSet<String> = nads
@@ -122,7 +89,7 @@ pub fn read(
         .collect();
     let (devices, dra) = match (wanted.is_empty(), pod.as_ref()) {
         (false, Some(p)) => {
-            let (map, found) = inputs.devices_typed(ctx, p, &wanted)?;
+            let (map, found) = inputs.devices(ctx, p, &wanted)?;
             (Some(map), found)
         }
         _ => (None, Vec::new()),
@@ -134,13 +101,6 @@ pub fn read(
         devices,
         dra,
     })
-}
-
-/// A wire-format error an [`Inputs`] source returned, carried as it is.
-pub fn inputs_error(source: CniError) -> MetaError {
-    MetaError::Inputs {
-        source: source.into(),
-    }
 }
 
 #[cfg(test)]
@@ -208,47 +168,5 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(e.code(), 11);
-    }
-
-    /// A source that implements only the wire-format methods (as `daemon::cache` does).
-    struct WireOnly;
-
-    impl Inputs for WireOnly {
-        fn pod(&mut self, _: &mut Ctx, _: &PodIdentity) -> Result<Option<PodInfo>, CniError> {
-            Ok(None)
-        }
-        fn nads(
-            &mut self,
-            _: &mut Ctx,
-            _: &[(String, String)],
-            _: &str,
-        ) -> Result<NadMap, CniError> {
-            Err(CniError::new(
-                102,
-                "pod bank/pg-0, network bank/vf: cannot read",
-                "HTTP 403",
-            ))
-        }
-        fn devices(
-            &mut self,
-            _: &mut Ctx,
-            _: &PodInfo,
-            _: &BTreeSet<String>,
-        ) -> Result<(DeviceMap, Vec<DraDevice>), CniError> {
-            Ok(Default::default())
-        }
-        fn client(&mut self, _: &mut Ctx) -> Result<Option<KubeClient>, CniError> {
-            Ok(None)
-        }
-    }
-
-    #[test]
-    fn a_wire_format_source_passes_its_error_through_unchanged() {
-        let e = read(&mut ctx(), &mut WireOnly, Some(pod("vf")), "pod bank/pg-0").unwrap_err();
-        let MetaError::Inputs { source } = &e else {
-            panic!("{e:?}")
-        };
-        assert_eq!(e.to_cni(), **source);
-        assert_eq!(e.code(), 102);
     }
 }

@@ -26,7 +26,7 @@ mod pods;
 mod retry;
 mod status;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 #[cfg(test)]
 mod tls_tests;
 

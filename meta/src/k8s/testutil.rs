@@ -1,4 +1,5 @@
-//! Test-only mock API server: a `tower::Service` that records requests and answers from a handler.
+//! Test-only mock API server, for the `k8s` tests and the crate's other API tests (inputs, daemon
+//! caches): a `tower::Service` that records requests and answers from a handler.
 
 use std::collections::VecDeque;
 use std::future::Future;

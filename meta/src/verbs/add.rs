@@ -64,12 +64,12 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
     let id = PodIdentity::from_args(&cni_args);
     wait_ready(&ctx.config)?;
     let client = if id.is_some() {
-        inputs.client_typed(ctx)?
+        inputs.client(ctx)?
     } else {
         None
     };
     let pod = match &id {
-        Some(id) => inputs.pod_typed(ctx, id)?,
+        Some(id) => inputs.pod(ctx, id)?,
         None => None,
     };
     let label = id
@@ -167,9 +167,7 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             return Err(e);
         }
     };
-    if let Err(report::StatusFailure(source)) =
-        report::added(ctx, client.as_ref(), pod.as_ref(), &plan, &done)
-    {
+    if let Err(failure) = report::added(ctx, client.as_ref(), pod.as_ref(), &plan, &done) {
         // The attachments are fine but the pod would carry no status: undo and let the
         // runtime retry rather than leave a pod that looks single-homed.
         if attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label).is_ok() {
@@ -177,9 +175,12 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             ctx.store.finish_delete(&args.container_id, &args.ifname);
             drop(lock);
         }
-        return Err(MetaError::StatusWrite {
-            pod: label,
-            source: source.into(),
+        return Err(match failure {
+            report::StatusFailure::Api(source) => MetaError::StatusWrite {
+                pod: label,
+                source: source.into(),
+            },
+            report::StatusFailure::NotSent(e) => *e,
         });
     }
     let default = done

@@ -257,7 +257,7 @@ fn rebuild(
     label: &str,
 ) -> Result<Vec<PlannedAttachment>, MetaError> {
     tracing::info!(container = %args.container_id, "no saved plan: rebuilding it for DEL");
-    let pod = id.and_then(|id| inputs.pod_typed(ctx, id).ok().flatten());
+    let pod = id.and_then(|id| inputs.pod(ctx, id).ok().flatten());
     let requests = planner::requests(&ctx.config, pod.as_ref()).unwrap_or_default();
     let refs = planner::nad_refs(
         &requests,
@@ -267,7 +267,7 @@ fn rebuild(
     let nads = if refs.is_empty() || id.is_none() {
         planner::NadMap::new()
     } else {
-        inputs.nads_typed(ctx, &refs, label).unwrap_or_default()
+        inputs.nads(ctx, &refs, label).unwrap_or_default()
     };
     let plan = match planner::make_plan(
         &ctx.config,

@@ -126,7 +126,7 @@ pub fn explain(
     };
     let mut ctx = Ctx::from_config(cfg, &[], None);
     // The same stages as ADD: read (here from the manifests) → plan.
-    let pod = files.pod_typed(&mut ctx, &id)?;
+    let pod = files.pod(&mut ctx, &id)?;
     let read = inputs::read(&mut ctx, &mut files, pod, &label)?;
     let plan = crate::plan::for_pod(&ctx.config, ifname, &args, "<containerID>", &read)?;
     let cfg = &ctx.config;
