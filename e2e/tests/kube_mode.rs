@@ -763,3 +763,63 @@ fn pod_annotations_from_the_runtime_save_the_pod_get() {
         .ok();
     assert!(node.leftovers().is_empty());
 }
+
+/// A thin ADD sends the status PATCH and the AddedInterface event together. When the PATCH is
+/// then refused for good (403), the attachments are undone, a warning event says so, the ADD
+/// fails with the Kubernetes code, and nothing is left.
+#[test]
+fn status_refused_after_the_event_undoes_and_warns() {
+    let node = Node::new(38);
+    node.macvlan_nad("db", "mv", node.host_local("10.138.0.0/24"));
+    let ns = Netns::new();
+    let uid = node.pod("db", "refused", json!({NETWORKS: "mv"}));
+    node.api.fail_next(
+        1,
+        403,
+        RequestMatcher::method("PATCH").and_path("/pods/refused/status"),
+    );
+    let args = Node::args("db", "refused", &uid);
+    let run = node.call("ADD", "cid-refused", &ns.path(), &args);
+    let err = run.err();
+    assert_eq!(err["code"], 102, "{err}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .contains("pod db/refused: cannot write the network-status annotation"),
+        "{err}"
+    );
+    assert_eq!(ns.links().len(), 1, "only lo is left: {:?}", ns.links());
+    let reasons: Vec<(String, String)> = node
+        .api
+        .events("db")
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or("").to_string(),
+                e["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        reasons.contains(&("Normal".into(), "AddedInterface".into())),
+        "{reasons:?}"
+    );
+    let warning = node
+        .api
+        .events("db")
+        .into_iter()
+        .find(|e| e["reason"] == "AddInterfaceFailed")
+        .expect("a warning event");
+    assert_eq!(warning["type"], "Warning");
+    assert!(
+        warning["message"]
+            .as_str()
+            .unwrap()
+            .contains("removing the interfaces"),
+        "{warning}"
+    );
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    node.call("DEL", "cid-refused", &ns.path(), &args).ok();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
