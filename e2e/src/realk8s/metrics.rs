@@ -62,6 +62,44 @@ pub fn parse_request_totals(text: &str) -> RequestCounts {
     out
 }
 
+/// Mean server-side latency (seconds) per key: `apiserver_request_duration_seconds_sum` over
+/// `_count`, summed over the other labels. What the apiserver itself spent on each kind of
+/// request (from reading it to writing the answer), without the client's share.
+pub fn parse_mean_durations(text: &str) -> BTreeMap<RequestKey, f64> {
+    let mut sums: BTreeMap<RequestKey, (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        let (rest, is_sum) =
+            if let Some(r) = line.strip_prefix("apiserver_request_duration_seconds_sum{") {
+                (r, true)
+            } else if let Some(r) = line.strip_prefix("apiserver_request_duration_seconds_count{") {
+                (r, false)
+            } else {
+                continue;
+            };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let key = RequestKey::new(
+            label(labels, "verb"),
+            label(labels, "resource"),
+            label(labels, "subresource"),
+        );
+        let e = sums.entry(key).or_default();
+        if is_sum {
+            e.0 += value;
+        } else {
+            e.1 += value;
+        }
+    }
+    sums.into_iter()
+        .filter(|(_, (_, n))| *n > 0.0)
+        .map(|(k, (s, n))| (k, s / n))
+        .collect()
+}
+
 /// The value of `name="…"` in a label set (label values here never contain quotes or commas).
 fn label<'a>(labels: &'a str, name: &str) -> &'a str {
     labels
@@ -106,5 +144,18 @@ apiserver_request_total_other{verb="GET"} 9
         assert_eq!(d.len(), 1);
         assert_eq!(d[&RequestKey::new("GET", "pods", "")], 1);
         assert!(delta(&c, &after, &["events"]).is_empty());
+    }
+
+    #[test]
+    fn mean_durations_divide_sum_by_count_per_key() {
+        let text = r#"apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="status",verb="PATCH",version="v1",le="0.005"} 3
+apiserver_request_duration_seconds_sum{component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="status",verb="PATCH",version="v1"} 0.012
+apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="status",verb="PATCH",version="v1"} 4
+apiserver_request_duration_seconds_sum{component="apiserver",dry_run="",group="",resource="pods",scope="cluster",subresource="",verb="LIST",version="v1"} 1
+apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group="",resource="pods",scope="cluster",subresource="",verb="LIST",version="v1"} 0
+"#;
+        let m = parse_mean_durations(text);
+        assert!((m[&RequestKey::new("PATCH", "pods", "status")] - 0.003).abs() < 1e-9);
+        assert_eq!(m.len(), 1, "a key without requests has no mean");
     }
 }

@@ -391,6 +391,15 @@ impl ControlPlane {
         Ok(metrics::parse_request_totals(&body))
     }
 
+    /// Mean server-side latency (seconds) per (verb, resource, subresource) since start.
+    pub fn mean_request_durations(&self) -> Result<std::collections::BTreeMap<RequestKey, f64>> {
+        let (code, body) = self.http.get("/metrics")?;
+        if code != 200 {
+            bail!("GET /metrics: HTTP {code}");
+        }
+        Ok(metrics::parse_mean_durations(&body))
+    }
+
     /// Every request in the audit log so far.
     pub fn audit(&self) -> Vec<AuditEntry> {
         audit::read(&self.dir().join("audit.log"))

@@ -349,6 +349,20 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
             median(v)
         }
     };
+    // What the apiserver itself spent per request kind (all users, the whole run).
+    let means = b.cp.mean_request_durations()?;
+    let show = |verb: &str, res: &str, sub: &str| {
+        means
+            .get(&plexus_e2e::realk8s::RequestKey::new(verb, res, sub))
+            .map_or("-".to_string(), |s| format!("{:.2} ms", s * 1000.0))
+    };
+    println!(
+        " apiserver's own time per request (mean): GET pod {}, GET NAD {}, PATCH pods/status {}, POST event {}",
+        show("GET", "pods", ""),
+        show("GET", "network-attachment-definitions", ""),
+        show("PATCH", "pods", "status"),
+        show("POST", "events", "")
+    );
     println!(
         " exec, start-up and exit of a VERSION call: plexus {:.2} ms, {} {:.2} ms, /bin/true {:.2} ms",
         version(plexus),
