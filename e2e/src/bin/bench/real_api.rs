@@ -349,6 +349,18 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
             median(v)
         }
     };
+    // The handshake floor: a fresh TCP + TLS connection and a trivial GET, with plain rustls.
+    let mut fresh = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        if matches!(b.cp.get("/version"), Ok((200, _))) {
+            fresh.push(t.elapsed());
+        }
+    }
+    println!(
+        " a fresh TCP+TLS connection and GET /version (rustls alone, as the admin): {:.2} ms",
+        median(fresh)
+    );
     // What the apiserver itself spent per request kind (all users, the whole run).
     let means = b.cp.mean_request_durations()?;
     let show = |verb: &str, res: &str, sub: &str| {
