@@ -308,24 +308,7 @@ impl<'a> Tier<'a> {
             "{conf}"
         );
         ensure!(self.node.bin_dir().join("plexus").is_file());
-        // The runtime picks the new config up (write event): a pod now gets plexus' status.
-        let pod = manifest(NS, "probe", NODE, "probe", None);
-        wait_for(
-            "a pod with network-status (containerd loaded plexus' config)",
-            Duration::from_secs(30),
-            || {
-                let _ = self.api.delete_pod(NS, "probe");
-                wait_for("probe gone", Duration::from_secs(30), || {
-                    Ok(self.api.get_pod(NS, "probe")?.is_none())
-                })?;
-                self.api.create_pod(&pod)?;
-                wait_for("probe Running", Duration::from_secs(30), || {
-                    Ok(self.api.get_pod(NS, "probe")?.is_some_and(|p| running(&p)))
-                })?;
-                let p = self.api.get_pod(NS, "probe")?.context("probe")?;
-                Ok(!network_status(&p)?.is_empty())
-            },
-        )?;
+        wait_until_plexus_is_in_the_path(&self.api, NS, NODE)?;
         let (sb, netns) = self.pod_netns(NS, "probe")?;
         self.sandboxes.borrow_mut().push(sb);
         delete_and_wait(

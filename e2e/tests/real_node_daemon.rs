@@ -35,7 +35,9 @@ use plexus_e2e::realk8s::{
 use serde_json::{json, Value};
 
 use api::Api;
-use pods::{create_and_wait, delete_and_wait, manifest, network_status, running};
+use pods::{
+    create_and_wait, delete_and_wait, manifest, network_status, wait_until_plexus_is_in_the_path,
+};
 
 const NS: &str = "app";
 const NODE: &str = "plexus-dnode";
@@ -340,25 +342,7 @@ impl<'a> Tier<'a> {
                 "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}});
             cp.apply(&nad.to_string())?;
         }
-        // The runtime picks the new config up from a write event; until then pods get the
-        // primary alone. A probe pod with a network-status shows plexus is in the path.
-        let pod = manifest(NS, "probe", NODE, "probe", None);
-        wait_for(
-            "a pod with network-status (containerd loaded plexus' config)",
-            Duration::from_secs(30),
-            || {
-                let _ = self.api.delete_pod(NS, "probe");
-                wait_for("probe gone", Duration::from_secs(30), || {
-                    Ok(self.api.get_pod(NS, "probe")?.is_none())
-                })?;
-                self.api.create_pod(&pod)?;
-                wait_for("probe Running", Duration::from_secs(30), || {
-                    Ok(self.api.get_pod(NS, "probe")?.is_some_and(|p| running(&p)))
-                })?;
-                let p = self.api.get_pod(NS, "probe")?.context("probe")?;
-                Ok(!network_status(&p)?.is_empty())
-            },
-        )?;
+        wait_until_plexus_is_in_the_path(&self.api, NS, NODE)?;
         self.place("probe", &["probe".to_string()])
     }
 

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 
+use plexus_e2e::realk8s::node::wait_for;
+
 use super::api::Api;
 
 /// The locally built image (pause), never pulled.
@@ -45,6 +47,29 @@ pub fn network_status(pod: &Value) -> Result<Vec<Value>> {
         .as_str()
         .unwrap_or("[]");
     serde_json::from_str(s).with_context(|| format!("network-status: {s}"))
+}
+
+/// (Re)create the pod `probe` in `ns` on `node` until it runs with a network-status: the
+/// runtime picks a new CNI config up from a write event, and until then pods get the primary
+/// network alone.
+pub fn wait_until_plexus_is_in_the_path(api: &Api, ns: &str, node: &str) -> Result<()> {
+    let pod = manifest(ns, "probe", node, "probe", None);
+    wait_for(
+        "a pod with network-status (containerd loaded plexus' config)",
+        Duration::from_secs(30),
+        || {
+            let _ = api.delete_pod(ns, "probe");
+            wait_for("probe gone", Duration::from_secs(30), || {
+                Ok(api.get_pod(ns, "probe")?.is_none())
+            })?;
+            api.create_pod(&pod)?;
+            wait_for("probe Running", Duration::from_secs(30), || {
+                Ok(api.get_pod(ns, "probe")?.is_some_and(|p| running(&p)))
+            })?;
+            let p = api.get_pod(ns, "probe")?.context("probe")?;
+            Ok(!network_status(&p)?.is_empty())
+        },
+    )
 }
 
 /// Create `pods` (back to back) and wait until each is Running; milliseconds per pod from its
