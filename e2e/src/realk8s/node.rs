@@ -244,7 +244,12 @@ authentication:
   anonymous: {{enabled: false}}
   webhook: {{enabled: false}}
 authorization: {{mode: AlwaysAllow}}
-evictionHard: {{memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+# "0%" switches a signal off. With any threshold met the kubelet reclaims by
+# deleting "unused" containers and images (the tests import theirs locally:
+# nothing can be pulled again) and refuses new pods: a nearly full disk on a test
+# machine must not turn into pods that never start.
+evictionHard: {{memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%", pid.available: "0%"}}
+evictionSoft: {{}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
