@@ -291,7 +291,12 @@ pub async fn run_watches(
     node: String,
     metrics: Arc<Metrics>,
 ) {
-    let kc = client.client.clone();
+    let Some(kc) = client.kube_client() else {
+        tracing::error!(
+            "the daemon's client has no kube::Client: no watches, every call reads the API"
+        );
+        return;
+    };
     let pods: Api<Pod> = Api::all(kc.clone());
     let mut pod_cfg = watcher::Config::default().any_semantic();
     if !node.is_empty() {

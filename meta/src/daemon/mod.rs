@@ -217,7 +217,7 @@ async fn build_client(cfg: &DaemonConfig) -> Result<Option<KubeClient>, String> 
     };
     let kubeconfig = (!cfg.kubeconfig.is_empty()).then(|| PathBuf::from(&cfg.kubeconfig));
     let in_cluster = InClusterEnv::from_process_env();
-    KubeClient::from_settings(kubeconfig.as_deref(), in_cluster.as_ref(), opts)
+    KubeClient::from_settings_with_kube(kubeconfig.as_deref(), in_cluster.as_ref(), opts)
         .await
         .map_err(|e| e.to_string())
 }

@@ -1,4 +1,4 @@
-//! `KubeClient`: one `kube::Client` over a TCP_NODELAY connector, built from a kubeconfig
+//! `KubeClient`: the API requests plexus makes, over a [`Transport`], built from a kubeconfig
 //! file or the in-cluster service account.
 
 use std::os::unix::fs::PermissionsExt;
@@ -6,17 +6,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::Duration;
 
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use kube::client::ConfigExt;
-use kube::config::{
-    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, KubeconfigError, NamedAuthInfo,
-    NamedCluster, NamedContext,
-};
-use tower::{BoxError, ServiceBuilder};
+use std::sync::Arc;
 
-use super::error::K8sError;
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, KubeconfigError, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
+use serde::de::DeserializeOwned;
+
+use super::connect;
+use super::error::{Ctx, K8sError};
 use super::retry::RetryPolicy;
+use super::transport::{Request, Transport};
 
 /// Service-account token path inside a pod.
 pub const SA_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -110,7 +111,7 @@ impl InClusterEnv {
     }
 
     /// An equivalent single-context kubeconfig.
-    fn kubeconfig(&self) -> Result<Kubeconfig, K8sError> {
+    pub(crate) fn kubeconfig(&self) -> Result<Kubeconfig, K8sError> {
         let path_str = |p: &Path| {
             p.to_str()
                 .map(str::to_owned)
@@ -149,12 +150,13 @@ impl InClusterEnv {
     }
 }
 
-/// A Kubernetes API client for one CNI invocation.
+/// A Kubernetes API client: request building, status handling and retries over a
+/// [`Transport`] (the thin plugin's HTTP/1.1 client, or the daemon's `kube::Client`).
 ///
-/// Cheap to clone (the underlying connection pool is shared).
+/// Cheap to clone (the transport and its idle connections are shared).
 #[derive(Clone)]
 pub struct KubeClient {
-    pub(crate) client: kube::Client,
+    pub(crate) transport: Arc<dyn Transport>,
     pub(crate) opts: ClientOptions,
 }
 
@@ -182,67 +184,113 @@ impl KubeClient {
         }
     }
 
-    /// Build from a kubeconfig file with default [`ClientOptions`]. Must run inside a tokio runtime.
+    /// Build from a kubeconfig file with default [`ClientOptions`].
     pub async fn from_kubeconfig_path(path: &Path) -> Result<Self, K8sError> {
         Self::from_kubeconfig_path_with(path, ClientOptions::default()).await
     }
 
     /// Build from a kubeconfig file. Warns when the file is readable by everyone (it may hold a
-    /// bearer token). Must run inside a tokio runtime.
+    /// bearer token).
     pub async fn from_kubeconfig_path_with(
         path: &Path,
         opts: ClientOptions,
     ) -> Result<Self, K8sError> {
-        let kc_err = |reason: String| K8sError::Kubeconfig {
-            path: path.to_owned(),
-            reason,
-        };
-        match std::fs::metadata(path) {
-            Ok(md) if md.permissions().mode() & 0o004 != 0 => tracing::warn!(
-                path = %path.display(),
-                "kubeconfig is world-readable; it may contain credentials, consider chmod 600"
-            ),
-            Ok(_) => {}
-            Err(e) => return Err(kc_err(format!("cannot read: {e}"))),
-        }
-        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kc_err(redact(&e)))?;
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| kc_err(redact(&e)))?;
-        trim_token_file(&mut config.auth_info).map_err(kc_err)?;
-        let client = build_client(&config, &opts).map_err(|e| match e {
-            K8sError::Client(reason) => kc_err(reason),
-            other => other,
-        })?;
-        Ok(KubeClient { client, opts })
+        let kubeconfig = read_kubeconfig(path)?;
+        let transport = connect::transport_from_kubeconfig(&kubeconfig, opts.connect_timeout)
+            .map_err(|reason| K8sError::Kubeconfig {
+                path: path.to_owned(),
+                reason,
+            })?;
+        Ok(Self::with_transport(Arc::new(transport), opts))
     }
 
-    /// Build from the in-cluster service account. Must run inside a tokio runtime.
+    /// Build from the in-cluster service account.
     pub async fn in_cluster(env: &InClusterEnv, opts: ClientOptions) -> Result<Self, K8sError> {
         let kubeconfig = env.kubeconfig()?;
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| K8sError::InCluster(redact(&e)))?;
-        trim_token_file(&mut config.auth_info).map_err(K8sError::InCluster)?;
-        let client = build_client(&config, &opts)?;
-        Ok(KubeClient { client, opts })
+        let transport = connect::transport_from_kubeconfig(&kubeconfig, opts.connect_timeout)
+            .map_err(K8sError::InCluster)?;
+        Ok(Self::with_transport(Arc::new(transport), opts))
     }
 
-    /// Wrap an existing `kube::Client` (tests, or callers with their own stack).
-    pub fn from_client(client: kube::Client, opts: ClientOptions) -> Self {
-        KubeClient { client, opts }
+    /// A client over `transport`.
+    pub(crate) fn with_transport(transport: Arc<dyn Transport>, opts: ClientOptions) -> Self {
+        KubeClient { transport, opts }
     }
 
     /// The options in use.
     pub fn options(&self) -> &ClientOptions {
         &self.opts
     }
+
+    /// The `kube::Client` under this client, when it has one (the daemon's, for its watches).
+    pub fn kube_client(&self) -> Option<kube::Client> {
+        self.transport.kube_client()
+    }
+
+    /// One attempt: send `req`; a non-success answer becomes [`K8sError::Api`].
+    pub(crate) async fn exchange(&self, ctx: Ctx<'_>, req: Request) -> Result<Vec<u8>, K8sError> {
+        let answer = self
+            .transport
+            .send(req)
+            .await
+            .map_err(|e| K8sError::from_transport(ctx, e))?;
+        let status = answer.status();
+        let body = answer.into_body();
+        if status.is_success() {
+            Ok(body)
+        } else {
+            Err(K8sError::from_answer(ctx, status.as_u16(), &body))
+        }
+    }
+
+    /// One attempt whose answer is the JSON of a `T`.
+    pub(crate) async fn fetch<T: DeserializeOwned>(
+        &self,
+        ctx: Ctx<'_>,
+        req: Request,
+    ) -> Result<T, K8sError> {
+        let body = self.exchange(ctx, req).await?;
+        serde_json::from_slice(&body).map_err(|e| K8sError::Decode {
+            what: ctx.what,
+            ns: ctx.ns.to_owned(),
+            name: ctx.name.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// A request built by `kube::core`, or the reason it could not be.
+pub(crate) fn built(
+    ctx: Ctx<'_>,
+    req: Result<Request, kube::core::request::Error>,
+) -> Result<Request, K8sError> {
+    req.map_err(|e| K8sError::Other {
+        what: ctx.what,
+        ns: ctx.ns.to_owned(),
+        name: ctx.name.to_owned(),
+        reason: format!("building the request: {e}"),
+    })
+}
+
+/// Read a kubeconfig file (warning when everyone can read it: it may hold credentials).
+fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
+    let kc_err = |reason: String| K8sError::Kubeconfig {
+        path: path.to_owned(),
+        reason,
+    };
+    match std::fs::metadata(path) {
+        Ok(md) if md.permissions().mode() & 0o004 != 0 => tracing::warn!(
+            path = %path.display(),
+            "kubeconfig is world-readable; it may contain credentials, consider chmod 600"
+        ),
+        Ok(_) => {}
+        Err(e) => return Err(kc_err(format!("cannot read: {e}"))),
+    }
+    Kubeconfig::read_from(path).map_err(|e| kc_err(redact(&e)))
 }
 
 /// Describe a kubeconfig error without echoing file contents.
-fn redact(e: &KubeconfigError) -> String {
+pub(crate) fn redact(e: &KubeconfigError) -> String {
     match e {
         KubeconfigError::Parse(_) => {
             "invalid YAML (details withheld: the file may contain credentials)".to_owned()
@@ -251,26 +299,8 @@ fn redact(e: &KubeconfigError) -> String {
     }
 }
 
-/// kube sends a token file's contents verbatim, so a trailing newline (`echo tok > file`) makes
-/// an invalid header. When the file has surrounding whitespace, read it once and use the trimmed
-/// token inline (fine for a short-lived CNI process); otherwise leave it to kube, which re-reads
-/// rotated tokens.
-fn trim_token_file(auth: &mut AuthInfo) -> Result<(), String> {
-    let Some(path) = auth.token_file.as_deref().filter(|_| auth.token.is_none()) else {
-        return Ok(());
-    };
-    let raw =
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read token file {path}: {e}"))?;
-    let trimmed = raw.trim();
-    if trimmed.len() != raw.len() {
-        auth.token = Some(secrecy::SecretString::from(trimmed.to_owned()));
-        auth.token_file = None;
-    }
-    Ok(())
-}
-
 /// Install the ring rustls provider once; tolerate one installed by someone else.
-fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
@@ -280,57 +310,10 @@ fn install_crypto_provider() {
     });
 }
 
-/// TCP connector: TCP_NODELAY (no delayed-ACK stall on small writes), any URI scheme (TLS is
-/// layered on top), bounded connect time.
-fn tcp_connector(opts: &ClientOptions) -> HttpConnector {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(opts.connect_timeout));
-    http
-}
-
-/// The kube client stack: NODELAY connector → rustls (https or plain http) → hyper pool,
-/// with the base-URI and auth layers. No kube-level retry: callers retry with [`RetryPolicy`].
-fn build_client(config: &kube::Config, opts: &ClientOptions) -> Result<kube::Client, K8sError> {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(K8sError::Client("no tokio runtime".into()));
-    }
-    install_crypto_provider();
-    let https = config
-        .rustls_https_connector_with_connector(tcp_connector(opts))
-        .map_err(|e| K8sError::Client(format!("TLS setup: {e}")))?;
-    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .build::<_, kube::client::Body>(https);
-    let auth = config
-        .auth_layer()
-        .map_err(|e| K8sError::Client(format!("credentials: {e}")))?;
-    let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(auth)
-        .map_err(BoxError::from)
-        .service(hyper);
-    Ok(kube::Client::new(service, config.default_namespace.clone()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[tokio::test]
-    async fn connector_sets_nodelay() {
-        use tower::ServiceExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let uri: http::Uri = format!("https://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        let io = tcp_connector(&ClientOptions::default())
-            .oneshot(uri)
-            .await
-            .unwrap();
-        assert!(io.inner().nodelay().unwrap());
-    }
 
     #[test]
     fn in_cluster_url() {

@@ -4,11 +4,11 @@
 //! are.
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{ListParams, Patch, PatchParams};
-use kube::Api;
+use kube::api::{ListParams, ObjectList, Patch, PatchParams};
+use kube::Resource;
 use serde_json::{json, Value};
 
-use super::client::KubeClient;
+use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
 use super::retry;
 
@@ -66,16 +66,25 @@ impl KubeClient {
         ns: &str,
         name: &str,
     ) -> Result<Option<ResourceClaim>, K8sError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
         let ctx = Ctx {
             what: "get resourceclaim",
             ns,
             name,
         };
-        retry::run(self.opts.retry, self.opts.request_timeout, ctx, || {
-            api.get_opt(name)
+        let url = ResourceClaim::url_path(&(), Some(ns));
+        let got = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+            let req = built(
+                ctx,
+                kube::core::Request::new(&url).get(name, &Default::default()),
+            )?;
+            self.fetch::<ResourceClaim>(ctx, req).await
         })
-        .await
+        .await;
+        match got {
+            Ok(claim) => Ok(Some(claim)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// LIST the ResourceSlices of `driver` on `node` (field selectors, one request).
@@ -84,7 +93,6 @@ impl KubeClient {
         node: &str,
         driver: &str,
     ) -> Result<Vec<ResourceSlice>, K8sError> {
-        let api: Api<ResourceSlice> = Api::all(self.client.clone());
         let params =
             ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={driver}"));
         let ctx = Ctx {
@@ -92,8 +100,10 @@ impl KubeClient {
             ns: "",
             name: driver,
         };
-        let list = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || {
-            api.list(&params)
+        let url = ResourceSlice::url_path(&(), None);
+        let list = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+            let req = built(ctx, kube::core::Request::new(&url).list(&params))?;
+            self.fetch::<ObjectList<ResourceSlice>>(ctx, req).await
         })
         .await?;
         Ok(list.items)
@@ -107,7 +117,6 @@ impl KubeClient {
         claim: &str,
         entries: &[DeviceNetworkData],
     ) -> Result<(), K8sError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
         let body = network_data_apply(ns, claim, entries);
         let patch = Patch::Apply(&body);
         let params = PatchParams::apply(FIELD_MANAGER);
@@ -116,8 +125,11 @@ impl KubeClient {
             ns,
             name: claim,
         };
-        retry::run(self.opts.retry, self.opts.request_timeout, ctx, || {
-            api.patch_status(claim, &params, &patch)
+        let url = ResourceClaim::url_path(&(), Some(ns));
+        retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+            let req =
+                kube::core::Request::new(&url).patch_subresource("status", claim, &params, &patch);
+            self.exchange(ctx, built(ctx, req)?).await
         })
         .await
         .map(|_| ())

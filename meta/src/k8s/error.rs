@@ -182,79 +182,6 @@ impl K8sError {
             timeout,
         }
     }
-
-    /// Classify a `kube::Error` for `ctx`.
-    pub(crate) fn from_kube(ctx: Ctx<'_>, err: kube::Error) -> Self {
-        let (what, ns, name) = (ctx.what, ctx.ns.to_owned(), ctx.name.to_owned());
-        match err {
-            kube::Error::Api(status) => K8sError::Api {
-                what,
-                ns,
-                name,
-                code: status.code,
-                reason: status.reason,
-                message: status.message,
-            },
-            kube::Error::HyperError(e) => K8sError::Unreachable {
-                what,
-                ns,
-                name,
-                reason: error_chain(&e),
-            },
-            kube::Error::Service(e) if is_transport_error(e.as_ref()) => K8sError::Unreachable {
-                what,
-                ns,
-                name,
-                reason: error_chain(e.as_ref()),
-            },
-            kube::Error::SerdeError(e) => K8sError::Decode {
-                what,
-                ns,
-                name,
-                reason: e.to_string(),
-            },
-            kube::Error::FromUtf8(e) => K8sError::Decode {
-                what,
-                ns,
-                name,
-                reason: e.to_string(),
-            },
-            other => K8sError::Other {
-                what,
-                ns,
-                name,
-                reason: error_chain(&other),
-            },
-        }
-    }
-}
-
-/// True if `err` (or anything in its source chain) is a hyper-util client error or an I/O error:
-/// both mean the request did not get a complete HTTP answer.
-fn is_transport_error(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if e.is::<hyper_util::client::legacy::Error>() || e.is::<std::io::Error>() {
-            return true;
-        }
-        cur = e.source();
-    }
-    false
-}
-
-/// `err: source: source...` on one line.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
 }
 
 #[cfg(test)]
@@ -270,13 +197,10 @@ mod tests {
     }
 
     fn api(code: u16) -> K8sError {
-        K8sError::from_kube(
+        K8sError::from_answer(
             ctx(),
-            kube::Error::Api(
-                kube::core::Status::failure("m", "R")
-                    .with_code(code)
-                    .boxed(),
-            ),
+            code,
+            br#"{"kind":"Status","reason":"R","message":"m"}"#,
         )
     }
 
@@ -297,19 +221,6 @@ mod tests {
             api(503).to_string(),
             "get pod ns1/p1: HTTP 503 R: m".to_string()
         );
-    }
-
-    #[test]
-    fn io_errors_in_service_chain_are_transient() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        let e = K8sError::from_kube(ctx(), kube::Error::Service(Box::new(io)));
-        assert!(e.is_transient(), "{e:?}");
-        assert!(e.to_string().contains("refused"));
-
-        let plain: tower::BoxError = "auth plugin failed".into();
-        let e = K8sError::from_kube(ctx(), kube::Error::Service(plain));
-        assert!(!e.is_transient(), "{e:?}");
-        assert_eq!(e.cni_code(), CNI_K8S_FAILURE);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::Resource;
 
-use super::client::KubeClient;
+use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
 use super::retry::{self, RetryPolicy};
 
@@ -167,13 +167,16 @@ impl KubeClient {
         // The created Event is not read back (its deserializer would only add code).
         let url = Event::url_path(&(), Some(&pod.ns));
         let body = serde_json::to_vec(&event).map_err(|e| K8sError::Client(e.to_string()))?;
-        retry::run(RetryPolicy::none(), self.opts.request_timeout, ctx, || {
-            let req = kube::core::Request::new(&url)
-                .create(&PostParams::default(), body.clone())
-                .map_err(kube::Error::BuildRequest);
-            let client = self.client.clone();
-            async move { client.request_text(req?).await }
-        })
+        retry::run(
+            RetryPolicy::none(),
+            self.opts.request_timeout,
+            ctx,
+            || async {
+                let req =
+                    kube::core::Request::new(&url).create(&PostParams::default(), body.clone());
+                self.exchange(ctx, built(ctx, req)?).await
+            },
+        )
         .await
         .map(drop)
     }

@@ -13,14 +13,18 @@
 //! so an ADD costs **N + 3** requests including one event (Multus thin: about N + 4 plus an
 //! event per interface). DEL makes **no** API request: it works from the ADD-time cache.
 //!
-//! The client uses one connection pool with TCP_NODELAY (avoids a ≈40 ms delayed-ACK stall on
-//! the first TLS request), rustls with the ring provider, per-request timeouts, and works with
-//! `https://` and plain `http://` servers.
+//! Requests go through a [`transport`] seam: the thin plugin's own HTTP/1.1 client
+//! ([`http1`], keeping `kube` out of its code path) or, in the daemon, its `kube::Client`. Both
+//! use TCP_NODELAY (avoids a ≈40 ms delayed-ACK stall on the first TLS request), rustls with the
+//! ring provider, per-request timeouts, and work with `https://` and plain `http://` servers.
 
 mod client;
+mod connect;
 mod dra;
 mod error;
 mod events;
+mod http1;
+mod kube_transport;
 mod nads;
 mod pods;
 mod retry;
@@ -29,6 +33,7 @@ mod status;
 pub(crate) mod testutil;
 #[cfg(test)]
 mod tls_tests;
+mod transport;
 
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
 pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER};

@@ -5,10 +5,10 @@ use std::borrow::Cow;
 use futures::future::join_all;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::NamespaceResourceScope;
-use kube::Api;
+use kube::Resource;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::client::KubeClient;
+use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
 use super::retry;
 
@@ -95,16 +95,25 @@ impl KubeClient {
 
     /// GET one NAD (see [`KubeClient::get_nads`]).
     pub async fn get_nad(&self, ns: &str, name: &str) -> Result<Option<Nad>, K8sError> {
-        let api: Api<Nad> = Api::namespaced(self.client.clone(), ns);
         let ctx = Ctx {
             what: "get network-attachment-definition",
             ns,
             name,
         };
-        retry::run(self.opts.retry, self.opts.request_timeout, ctx, || {
-            api.get_opt(name)
+        let url = Nad::url_path(&(), Some(ns));
+        let got = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+            let req = built(
+                ctx,
+                kube::core::Request::new(&url).get(name, &Default::default()),
+            )?;
+            self.fetch::<Nad>(ctx, req).await
         })
-        .await
+        .await;
+        match got {
+            Ok(nad) => Ok(Some(nad)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

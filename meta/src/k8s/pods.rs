@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::client::KubeClient;
+use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
 use super::retry::{self, RetryPolicy};
 
@@ -153,14 +153,10 @@ impl KubeClient {
             name,
         };
         let url = format!("/api/v1/namespaces/{ns}/pods/{name}");
-        let got = retry::run(policy, self.opts.request_timeout, ctx, || {
-            let req = http::Request::get(url.as_str())
-                .body(Vec::new())
-                .map_err(|e| {
-                    kube::Error::BuildRequest(kube::core::request::Error::BuildRequest(e))
-                });
-            let client = self.client.clone();
-            async move { client.request::<PodView>(req?).await }
+        let got = retry::run(policy, self.opts.request_timeout, ctx, || async {
+            let req = http::Request::get(url.as_str()).body(Vec::new());
+            let req = built(ctx, req.map_err(kube::core::request::Error::BuildRequest))?;
+            self.fetch::<PodView>(ctx, req).await
         })
         .await;
         let pod = match got {

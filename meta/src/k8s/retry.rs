@@ -48,7 +48,7 @@ pub(crate) async fn run<T, F, Fut>(
 ) -> Result<T, K8sError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, kube::Error>>,
+    Fut: Future<Output = Result<T, K8sError>>,
 {
     let start = Instant::now();
     let deadline = start + policy.total;
@@ -57,7 +57,7 @@ where
     loop {
         let err = match tokio::time::timeout(attempt_timeout, op()).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => K8sError::from_kube(ctx, e),
+            Ok(Err(e)) => e,
             Err(_) => K8sError::timeout(ctx, attempt_timeout),
         };
         let now = Instant::now();

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::Resource;
 
-use super::client::KubeClient;
+use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
 use super::retry;
 
@@ -71,17 +71,14 @@ impl KubeClient {
         let url = Pod::url_path(&(), Some(ns));
         let mut attempt = 1;
         loop {
-            let res = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || {
-                let req = kube::core::Request::new(&url)
-                    .patch_subresource(
-                        "status",
-                        name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .map_err(kube::Error::BuildRequest);
-                let client = self.client.clone();
-                async move { client.request_text(req?).await }
+            let res = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+                let req = kube::core::Request::new(&url).patch_subresource(
+                    "status",
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                );
+                self.exchange(ctx, built(ctx, req)?).await
             })
             .await;
             let err = match res {

@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use kube::client::Body;
 
 use super::client::{ClientOptions, KubeClient};
+use super::transport::{Request, SendFuture, Transport};
 
 /// One recorded request.
 #[derive(Clone, Debug)]
@@ -103,9 +104,57 @@ impl MockApi {
         self.client_with(ClientOptions::default())
     }
 
-    /// A `KubeClient` talking to this mock.
+    /// A `KubeClient` talking to this mock through the [`Transport`] seam (as the thin
+    /// plugin's client does), with a `kube::Client` over the same mock for watches.
     pub fn client_with(&self, opts: ClientOptions) -> KubeClient {
-        KubeClient::from_client(kube::Client::new(self.clone(), "default"), opts)
+        KubeClient::with_transport(Arc::new(self.clone()), opts)
+    }
+
+    /// Record `rec`, then answer it (`None`: never).
+    async fn answer(&self, rec: Recorded) -> Option<Canned> {
+        self.requests.lock().unwrap().push(rec.clone());
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        while self.requests.lock().unwrap().len() < self.hold_until
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        (self.handler)(&rec)
+    }
+}
+
+fn recorded(parts: &http::request::Parts, body: &[u8]) -> Recorded {
+    Recorded {
+        method: parts.method.to_string(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        content_type: parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        body: String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
+impl Transport for MockApi {
+    fn send(&self, req: Request) -> SendFuture<'_> {
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let Some(answer) = self.answer(recorded(&parts, &body)).await else {
+                return std::future::pending().await;
+            };
+            let mut response = http::Response::new(answer.body.into_bytes());
+            *response.status_mut() = http::StatusCode::from_u16(answer.status).unwrap();
+            Ok(response)
+        })
+    }
+
+    fn kube_client(&self) -> Option<kube::Client> {
+        Some(kube::Client::new(self.clone(), "default"))
     }
 }
 
@@ -123,28 +172,7 @@ impl tower::Service<http::Request<Body>> for MockApi {
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let bytes = body.collect().await?.to_bytes();
-            let rec = Recorded {
-                method: parts.method.to_string(),
-                path_and_query: parts
-                    .uri
-                    .path_and_query()
-                    .map(|p| p.to_string())
-                    .unwrap_or_default(),
-                content_type: parts
-                    .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-            };
-            this.requests.lock().unwrap().push(rec.clone());
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-            while this.requests.lock().unwrap().len() < this.hold_until
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            let Some(answer) = (this.handler)(&rec) else {
+            let Some(answer) = this.answer(recorded(&parts, &bytes)).await else {
                 return std::future::pending().await;
             };
             Ok(http::Response::builder()

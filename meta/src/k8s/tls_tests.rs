@@ -24,6 +24,11 @@ async fn start_tls_server() -> u16 {
 
 /// Like [`start_tls_server`], also returning the recorded request heads.
 async fn start_tls_server_recording() -> (u16, Heads) {
+    start_tls_server_with(None).await
+}
+
+/// The server, requiring a client certificate signed by `client_ca` when given.
+async fn start_tls_server_with(client_ca: Option<&[u8]>) -> (u16, Heads) {
     let heads = Heads::default();
     let seen = heads.clone();
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT)
@@ -34,8 +39,23 @@ async fn start_tls_server_recording() -> (u16, Heads) {
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
+    .unwrap();
+    let config = match client_ca {
+        None => config.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                Arc::new(rustls::crypto::ring::default_provider()),
+            )
+            .build()
+            .unwrap();
+            config.with_client_cert_verifier(verifier)
+        }
+    }
     .with_single_cert(certs, key)
     .unwrap();
     let acceptor = TlsAcceptor::from(Arc::new(config));
@@ -157,6 +177,119 @@ async fn https_rejects_unknown_ca() {
     );
 }
 
+/// A kubeconfig whose cluster and user are given as YAML fragments.
+fn kubeconfig_with(dir: &std::path::Path, cluster: &str, user: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "clusters:\n- name: c\n  cluster:\n{cluster}users:\n- name: u\n  user:\n{user}\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A client certificate and key given inline (`-data`), the CA too, against a server that
+/// requires a client certificate from its CA: accepted, and no bearer token is sent.
+#[tokio::test]
+async fn client_certificate_data_against_a_server_requiring_one() {
+    let (port, heads) = start_tls_server_with(Some(CLIENT_CA)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!(
+            "    server: https://127.0.0.1:{port}\n    certificate-authority-data: {}\n",
+            b64(CA)
+        ),
+        &format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(CLIENT_CERT),
+            b64(CLIENT_KEY)
+        ),
+    );
+    let client = KubeClient::from_kubeconfig_path(&path).await.unwrap();
+    client
+        .get_pod("ns1", "p1", Some("u1"), RetryPolicy::none())
+        .await
+        .unwrap()
+        .unwrap();
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1);
+    assert!(
+        !heads[0].to_ascii_lowercase().contains("authorization:"),
+        "{heads:?}"
+    );
+
+    // Without the client certificate the same server refuses the handshake.
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!(
+            "    server: https://127.0.0.1:{port}\n    certificate-authority-data: {}\n",
+            b64(CA)
+        ),
+        "    token: tok\n",
+    );
+    let client = KubeClient::from_kubeconfig_path(&path).await.unwrap();
+    let err = client
+        .get_pod("ns1", "p1", None, RetryPolicy::none())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, super::K8sError::Unreachable { .. }),
+        "{err:?}"
+    );
+}
+
+/// `tls-server-name` is the name verified: the certificate's name passes, another fails.
+#[tokio::test]
+async fn tls_server_name_is_the_name_verified() {
+    let port = start_tls_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.crt"), CA).unwrap();
+    for (name, ok) in [("localhost", true), ("api.example", false)] {
+        let path = kubeconfig_with(
+            dir.path(),
+            &format!(
+                "    server: https://127.0.0.1:{port}\n    certificate-authority: ca.crt\n    tls-server-name: {name}\n"
+            ),
+            "    token: tok\n",
+        );
+        let client = KubeClient::from_kubeconfig_path(&path).await.unwrap();
+        let got = client.get_pod("ns1", "p1", None, RetryPolicy::none()).await;
+        assert_eq!(got.is_ok(), ok, "{name}: {got:?}");
+    }
+}
+
+/// `insecure-skip-tls-verify: true` accepts a server no configured CA vouches for.
+#[tokio::test]
+async fn insecure_skip_tls_verify_accepts_any_server() {
+    let port = start_tls_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\n"),
+        "    token: tok\n",
+    );
+    let client = KubeClient::from_kubeconfig_path(&path).await.unwrap();
+    client
+        .get_pod("ns1", "p1", None, RetryPolicy::none())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// A CA for client certificates, and a client certificate it signed (valid until 2126).
+const CLIENT_CA: &[u8] = include_bytes!("testdata/client-ca.crt");
+const CLIENT_CERT: &[u8] = include_bytes!("testdata/client.crt");
+const CLIENT_KEY: &[u8] = include_bytes!("testdata/client.key");
+
 /// An unrelated CA (CN=other-ca).
 const OTHER_CA: &[u8] = include_bytes!("testdata/other-ca.crt");
 
@@ -178,7 +311,7 @@ async fn in_cluster_uses_ca_and_token_file() {
         .await
         .unwrap()
         .unwrap();
-    // Without surrounding whitespace kube reads the file itself (and would re-read rotations).
+    // A token file is read as it is when the client is built.
     std::fs::write(&env.token_file, "sa-token-2").unwrap();
     let client = KubeClient::in_cluster(&env, ClientOptions::default())
         .await

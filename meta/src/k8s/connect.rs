@@ -1,0 +1,525 @@
+//! From a kubeconfig (or the in-cluster service account) to the thin plugin's
+//! [`Http1Transport`]: the server URL, TLS trust and client identity, and the credentials.
+//!
+//! Supported, as client-go reads them: `server` (with a path prefix), `certificate-authority`
+//! (`-data`), `insecure-skip-tls-verify`, `tls-server-name`; users with `token`, `tokenFile`,
+//! `client-certificate`/`client-key` (`-data`), `username`/`password`, `exec` credential
+//! plugins (non-interactive), and `as`/`as-groups`/`as-uid` impersonation. Refused with a clear
+//! reason: `auth-provider` (the legacy gcp/oidc/azure plugins) and `proxy-url`.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use http::header::{HeaderName, HeaderValue};
+use kube::config::{AuthInfo, Cluster, ExecConfig, Kubeconfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use secrecy::ExposeSecret;
+
+use super::http1::{Endpoint, Http1Transport};
+
+/// What the credentials resolve to.
+#[derive(Default)]
+struct Identity {
+    /// `Authorization` header value.
+    authorization: Option<String>,
+    /// Client certificate chain and key, PEM.
+    client_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// A transport for the current context of `kubeconfig` (already read from its file; relative
+/// paths made absolute). Errors are reasons that never contain a credential.
+pub(crate) fn transport_from_kubeconfig(
+    kubeconfig: &Kubeconfig,
+    connect_timeout: Duration,
+) -> Result<Http1Transport, String> {
+    let context_name = kubeconfig
+        .current_context
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .ok_or("no current-context")?;
+    let context = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| format!("context {context_name:?} not found"))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| format!("cluster {:?} not found", context.cluster))?;
+    // client-go accepts a context without a user (anonymous requests).
+    let default_user = AuthInfo::default();
+    let user = context
+        .user
+        .as_deref()
+        .and_then(|u| kubeconfig.auth_infos.iter().find(|a| a.name == u))
+        .and_then(|a| a.auth_info.as_ref())
+        .unwrap_or(&default_user);
+    build(cluster, user, connect_timeout)
+}
+
+fn build(
+    cluster: &Cluster,
+    user: &AuthInfo,
+    connect_timeout: Duration,
+) -> Result<Http1Transport, String> {
+    if cluster.proxy_url.as_deref().is_some_and(|p| !p.is_empty()) {
+        return Err("proxy-url is not supported".into());
+    }
+    if user.auth_provider.is_some() {
+        return Err(
+            "auth-provider is not supported: use a token, a tokenFile, a client certificate or \
+             an exec credential plugin"
+                .into(),
+        );
+    }
+    let server = cluster
+        .server
+        .as_deref()
+        .ok_or("the cluster has no server")?;
+    let uri: http::Uri = server
+        .parse()
+        .map_err(|e| format!("invalid server URL {server:?}: {e}"))?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => {
+            return Err(format!(
+                "server URL {server:?} is neither https:// nor http://"
+            ))
+        }
+    };
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("server URL {server:?} has no host"))?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let identity = identity(user, cluster)?;
+    let tls = if https {
+        let name = cluster
+            .tls_server_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&host);
+        let name = ServerName::try_from(name.to_owned())
+            .map_err(|e| format!("invalid TLS server name {name:?}: {e}"))?;
+        Some((Arc::new(tls_config(cluster, &identity)?), name))
+    } else {
+        None
+    };
+    let mut headers = vec![(
+        http::header::USER_AGENT,
+        HeaderValue::from_static(concat!("plexus/", env!("CARGO_PKG_VERSION"))),
+    )];
+    if let Some(auth) = identity.authorization {
+        let mut value = HeaderValue::from_str(&auth)
+            .map_err(|_| "the credential is not a valid header value".to_owned())?;
+        value.set_sensitive(true);
+        headers.push((http::header::AUTHORIZATION, value));
+    }
+    headers.extend(impersonation(user)?);
+    Ok(Http1Transport::new(
+        Endpoint {
+            host,
+            port,
+            authority: authority.as_str().to_owned(),
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+            tls,
+        },
+        headers,
+        connect_timeout,
+    ))
+}
+
+/// The user's credentials: bearer token (inline, file, exec), basic auth, client certificate.
+fn identity(user: &AuthInfo, cluster: &Cluster) -> Result<Identity, String> {
+    let mut id = Identity::default();
+    if let Some(token) = user
+        .token
+        .as_ref()
+        .map(|t| t.expose_secret().trim().to_owned())
+    {
+        id.authorization = Some(format!("Bearer {token}"));
+    } else if let Some(path) = user.token_file.as_deref().filter(|p| !p.is_empty()) {
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read token file {path}: {e}"))?;
+        id.authorization = Some(format!("Bearer {}", token.trim()));
+    } else if let (Some(name), Some(password)) = (&user.username, &user.password) {
+        let raw = format!("{name}:{}", password.expose_secret());
+        id.authorization = Some(format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(raw)
+        ));
+    }
+    let cert = pem_source(
+        user.client_certificate_data.as_deref(),
+        user.client_certificate.as_deref(),
+        "client-certificate",
+    )?;
+    let key = pem_source(
+        user.client_key_data.as_ref().map(|k| k.expose_secret()),
+        user.client_key.as_deref(),
+        "client-key",
+    )?;
+    match (cert, key) {
+        (Some(c), Some(k)) => id.client_pem = Some((c, k)),
+        (None, None) => {}
+        _ => return Err("a client certificate needs both a certificate and a key".into()),
+    }
+    if let Some(exec) = &user.exec {
+        let cred = run_exec(exec, cluster)?;
+        if let Some(token) = cred.token {
+            id.authorization = Some(format!("Bearer {token}"));
+        }
+        if let Some(pair) = cred.client_pem {
+            id.client_pem = Some(pair);
+        }
+    }
+    Ok(id)
+}
+
+/// Bytes of a `-data` field (base64) or of a file.
+fn pem_source(
+    data: Option<&str>,
+    file: Option<&str>,
+    what: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    if let Some(data) = data.filter(|d| !d.trim().is_empty()) {
+        let clean: String = data.split_whitespace().collect();
+        return base64::engine::general_purpose::STANDARD
+            .decode(clean)
+            .map(Some)
+            .map_err(|_| format!("{what}-data is not valid base64"));
+    }
+    match file.filter(|f| !f.is_empty()) {
+        Some(path) => std::fs::read(path)
+            .map(Some)
+            .map_err(|e| format!("cannot read {what} {path}: {e}")),
+        None => Ok(None),
+    }
+}
+
+fn impersonation(user: &AuthInfo) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let value = |v: &str| {
+        HeaderValue::from_str(v).map_err(|_| format!("invalid impersonation value {v:?}"))
+    };
+    let mut out = Vec::new();
+    if let Some(u) = user.impersonate.as_deref().filter(|u| !u.is_empty()) {
+        out.push((HeaderName::from_static("impersonate-user"), value(u)?));
+    }
+    if let Some(uid) = user.impersonate_uid.as_deref().filter(|u| !u.is_empty()) {
+        out.push((HeaderName::from_static("impersonate-uid"), value(uid)?));
+    }
+    for g in user.impersonate_groups.iter().flatten() {
+        out.push((HeaderName::from_static("impersonate-group"), value(g)?));
+    }
+    Ok(out)
+}
+
+/// rustls configuration: the cluster's CA (or the system's roots), the client identity, and
+/// no verification at all only when the kubeconfig says `insecure-skip-tls-verify`.
+fn tls_config(cluster: &Cluster, id: &Identity) -> Result<rustls::ClientConfig, String> {
+    super::client::install_crypto_provider();
+    let ca = pem_source(
+        cluster.certificate_authority_data.as_deref(),
+        cluster.certificate_authority.as_deref(),
+        "certificate-authority",
+    )?;
+    let builder = rustls::ClientConfig::builder();
+    let builder = match ca {
+        Some(bytes) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in certificates(&bytes, "certificate-authority")? {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("certificate-authority: {e}"))?;
+            }
+            builder.with_root_certificates(roots)
+        }
+        None => {
+            use rustls_platform_verifier::BuilderVerifierExt;
+            builder
+                .with_platform_verifier()
+                .map_err(|e| format!("system trust store: {e}"))?
+        }
+    };
+    let mut config = match &id.client_pem {
+        Some((cert, key)) => {
+            let chain = certificates(cert, "client-certificate")?;
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|_| "client-key holds no PEM private key".to_owned())?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("client certificate: {e}"))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        tracing::warn!("kubeconfig sets insecure-skip-tls-verify: the API server is not verified");
+        config
+            .dangerous()
+            .set_certificate_verifier(Arc::new(NoVerification::new()));
+    }
+    Ok(config)
+}
+
+/// Every certificate of a PEM bundle (or one DER certificate).
+fn certificates(bytes: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(bytes)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what}: {e}"))?;
+    if !certs.is_empty() {
+        return Ok(certs);
+    }
+    if bytes.first() == Some(&0x30) {
+        return Ok(vec![CertificateDer::from(bytes.to_vec())]);
+    }
+    Err(format!("{what} holds no certificate"))
+}
+
+/// What an exec credential plugin gave.
+struct ExecCredential {
+    token: Option<String>,
+    client_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Run an exec credential plugin, never interactively (a CNI call has no terminal).
+fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, String> {
+    let command = exec
+        .command
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .ok_or("exec credential plugin without a command")?;
+    let api_version = exec
+        .api_version
+        .as_deref()
+        .unwrap_or("client.authentication.k8s.io/v1");
+    let mut spec = serde_json::json!({"interactive": false});
+    if exec.provide_cluster_info {
+        spec["cluster"] = serde_json::json!({
+            "server": cluster.server,
+            "tls-server-name": cluster.tls_server_name,
+            "insecure-skip-tls-verify": cluster.insecure_skip_tls_verify.unwrap_or(false),
+            "certificate-authority-data": cluster.certificate_authority_data,
+        });
+    }
+    let info = serde_json::json!({
+        "apiVersion": api_version,
+        "kind": "ExecCredential",
+        "spec": spec,
+    });
+    let mut cmd = Command::new(command);
+    cmd.args(exec.args.iter().flatten())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .env("KUBERNETES_EXEC_INFO", info.to_string());
+    for pair in exec.env.iter().flatten() {
+        if let (Some(name), Some(value)) = (pair.get("name"), pair.get("value")) {
+            cmd.env(name, value);
+        }
+    }
+    for name in exec.drop_env.iter().flatten() {
+        cmd.env_remove(name);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("exec credential plugin {command}: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or("").chars().take(200);
+        return Err(format!(
+            "exec credential plugin {command} failed ({}): {}",
+            out.status,
+            first.collect::<String>()
+        ));
+    }
+    // The output holds the credential: its parse error is not echoed.
+    let cred: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|_| format!("exec credential plugin {command} printed no ExecCredential"))?;
+    let status = &cred["status"];
+    let text = |k: &str| {
+        status[k]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let token = text("token");
+    let client_pem = match (text("clientCertificateData"), text("clientKeyData")) {
+        (Some(c), Some(k)) => Some((c.into_bytes(), k.into_bytes())),
+        _ => None,
+    };
+    if token.is_none() && client_pem.is_none() {
+        return Err(format!(
+            "exec credential plugin {command} gave neither a token nor a client certificate"
+        ));
+    }
+    Ok(ExecCredential { token, client_pem })
+}
+
+/// The verifier `insecure-skip-tls-verify: true` asks for: any certificate, signatures still
+/// checked with the provider's algorithms.
+#[derive(Debug)]
+struct NoVerification(rustls::crypto::WebPkiSupportedAlgorithms);
+
+impl NoVerification {
+    fn new() -> Self {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        NoVerification(provider.signature_verification_algorithms)
+    }
+}
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Kubeconfig {
+        Kubeconfig::from_yaml(yaml).unwrap()
+    }
+
+    fn err(yaml: &str) -> String {
+        match transport_from_kubeconfig(&parse(yaml), Duration::from_secs(1)) {
+            Ok(_) => panic!("accepted: {yaml}"),
+            Err(e) => e,
+        }
+    }
+
+    const CLUSTER: &str = "clusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n";
+
+    #[test]
+    fn context_and_cluster_must_exist() {
+        assert_eq!(err(CLUSTER), "no current-context");
+        let e = err(&format!("{CLUSTER}current-context: x\n"));
+        assert!(e.contains("context \"x\" not found"), "{e}");
+        let e = err(&format!(
+            "{CLUSTER}contexts:\n- name: x\n  context:\n    cluster: other\ncurrent-context: x\n"
+        ));
+        assert!(e.contains("cluster \"other\" not found"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_settings_are_named() {
+        let ctx =
+            "contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n";
+        let e = err(&format!(
+            "{CLUSTER}{ctx}users:\n- name: u\n  user:\n    auth-provider:\n      name: oidc\n"
+        ));
+        assert!(e.starts_with("auth-provider is not supported"), "{e}");
+        let e = err(&format!(
+            "clusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n    proxy-url: http://proxy:3128\n{ctx}"
+        ));
+        assert_eq!(e, "proxy-url is not supported");
+        let e = err(&format!(
+            "clusters:\n- name: c\n  cluster:\n    server: ftp://x\n{ctx}"
+        ));
+        assert!(e.contains("neither https:// nor http://"), "{e}");
+    }
+
+    #[test]
+    fn bad_credentials_never_echo_the_secret() {
+        let ctx =
+            "contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n";
+        let e = err(&format!(
+            "{CLUSTER}{ctx}users:\n- name: u\n  user:\n    token: \"s3cr3t\\nX\"\n"
+        ));
+        assert!(!e.contains("s3cr3t"), "{e}");
+        let e = err(&format!(
+            "{CLUSTER}{ctx}users:\n- name: u\n  user:\n    client-key-data: \"s3cr3t!!\"\n"
+        ));
+        assert!(!e.contains("s3cr3t"), "{e}");
+    }
+
+    #[test]
+    fn exec_plugin_token_and_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("cred.sh");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\necho \"$KUBERNETES_EXEC_INFO\" > \"$0.info\"\n\
+             printf '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"%s\"}}' \"$TOKEN_VALUE-$1\"\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let user = AuthInfo {
+            exec: Some(ExecConfig {
+                api_version: Some("client.authentication.k8s.io/v1".into()),
+                command: Some(script.display().to_string()),
+                args: Some(vec!["arg1".into()]),
+                env: Some(vec![[
+                    ("name".to_owned(), "TOKEN_VALUE".to_owned()),
+                    ("value".to_owned(), "tok".to_owned()),
+                ]
+                .into()]),
+                drop_env: None,
+                install_hint: None,
+                interactive_mode: None,
+                provide_cluster_info: false,
+                cluster: None,
+                other: Default::default(),
+            }),
+            ..AuthInfo::default()
+        };
+        let id = identity(&user, &Cluster::default()).unwrap();
+        assert_eq!(id.authorization.as_deref(), Some("Bearer tok-arg1"));
+        let info = std::fs::read_to_string(format!("{}.info", script.display())).unwrap();
+        let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+        assert_eq!(info["kind"], "ExecCredential");
+        assert_eq!(info["spec"]["interactive"], false);
+
+        // A failing plugin: its status and first stderr line, never its stdout.
+        std::fs::write(
+            &script,
+            "#!/bin/sh\necho tok-on-stdout\necho nope >&2\nexit 3\n",
+        )
+        .unwrap();
+        let e = identity(&user, &Cluster::default()).err().unwrap();
+        assert!(e.contains("failed") && e.contains("nope"), "{e}");
+        assert!(!e.contains("tok-on-stdout"), "{e}");
+    }
+}

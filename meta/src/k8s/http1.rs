@@ -1,0 +1,683 @@
+//! `Http1Transport`: the thin plugin's HTTP/1.1 client for its few API requests.
+//!
+//! A CNI call makes three to five small requests and exits, so this needs no HTTP/2, no
+//! connection manager and no middleware stack: it writes each request in one piece on a
+//! TCP_NODELAY socket (plain or rustls), reads the answer by `Content-Length`, chunked coding
+//! or end of stream, and keeps idle connections for the next request. A request that fails on
+//! a reused connection before any answer arrived is sent once more on a new one (the server
+//! may have closed it while idle). Keeping `kube` out of the thin binary's code path is what
+//! lets it shrink (docs/performance.md).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::transport::{Request, Response, SendFuture, Transport, TransportError};
+
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// Largest response body accepted (a pod is a few KiB; a ResourceSlice list can be large).
+pub(crate) const MAX_BODY: usize = 32 * 1024 * 1024;
+/// Read buffer size.
+const CHUNK: usize = 16 * 1024;
+
+/// Where and how to connect.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    /// Host to connect to (no brackets around an IPv6 literal).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// The `Host` header value.
+    pub authority: String,
+    /// Prefix of every request path (a server URL may have one, e.g. behind a proxy).
+    pub base_path: String,
+    /// TLS configuration and the name to verify; `None` for plain `http://`.
+    pub tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("base_path", &self.base_path)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Anything a request can travel over.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// One connection to the API server.
+struct Conn {
+    io: Box<dyn Io>,
+}
+
+/// The thin plugin's transport (see the module docs).
+pub(crate) struct Http1Transport {
+    endpoint: Endpoint,
+    /// Headers sent with every request (authorization, impersonation, user agent).
+    headers: Vec<(HeaderName, HeaderValue)>,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl Http1Transport {
+    /// A transport to `endpoint` adding `headers` to every request.
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        connect_timeout: Duration,
+    ) -> Self {
+        Http1Transport {
+            endpoint,
+            headers,
+            connect_timeout,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, TransportError> {
+        let ep = &self.endpoint;
+        let unreachable =
+            |e: io::Error| TransportError::Unreachable(format!("{}:{}: {e}", ep.host, ep.port));
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((ep.host.as_str(), ep.port))
+            .await
+            .map_err(unreachable)?
+            .collect();
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+        let mut tcp = None;
+        for addr in addrs {
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    tcp = Some(s);
+                    break;
+                }
+                Ok(Err(e)) => last = e,
+                Err(_) => {
+                    last = io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connect timed out after {:?}", self.connect_timeout),
+                    )
+                }
+            }
+        }
+        let tcp = tcp.ok_or_else(|| unreachable(last))?;
+        // Small requests and answers: never wait for a delayed ACK (a 40 ms stall).
+        tcp.set_nodelay(true).map_err(unreachable)?;
+        let io: Box<dyn Io> = match &ep.tls {
+            None => Box::new(tcp),
+            Some((config, name)) => {
+                let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| TransportError::Unreachable(format!("TLS: {}", chain(&e))))?;
+                Box::new(tls)
+            }
+        };
+        Ok(Conn { io })
+    }
+
+    /// The request's bytes: head and body, written in one piece.
+    fn encode(&self, req: &Request) -> Vec<u8> {
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let mut out = Vec::with_capacity(512 + req.body().len());
+        out.extend_from_slice(req.method().as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.endpoint.base_path.as_bytes());
+        out.extend_from_slice(path.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+        out.extend_from_slice(self.endpoint.authority.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        let mut header = |name: &HeaderName, value: &HeaderValue| {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        };
+        for (name, value) in &self.headers {
+            header(name, value);
+        }
+        for (name, value) in req.headers() {
+            if name != http::header::HOST && name != http::header::CONTENT_LENGTH {
+                header(name, value);
+            }
+        }
+        if !req.headers().contains_key(http::header::ACCEPT) {
+            out.extend_from_slice(b"Accept: application/json\r\n");
+        }
+        let method = req.method();
+        if !req.body().is_empty() || !(method == http::Method::GET || method == http::Method::HEAD)
+        {
+            out.extend_from_slice(format!("Content-Length: {}\r\n", req.body().len()).as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(req.body());
+        out
+    }
+
+    async fn exchange(&self, conn: &mut Conn, bytes: &[u8], head_only: bool) -> Exchange {
+        if let Err(e) = conn.io.write_all(bytes).await {
+            return Exchange::NotAnswered(TransportError::Unreachable(format!("write: {e}")));
+        }
+        if let Err(e) = conn.io.flush().await {
+            return Exchange::NotAnswered(TransportError::Unreachable(format!("write: {e}")));
+        }
+        read_response(&mut conn.io, head_only).await
+    }
+}
+
+impl Transport for Http1Transport {
+    fn send(&self, req: Request) -> SendFuture<'_> {
+        Box::pin(async move {
+            let bytes = self.encode(&req);
+            let head_only = req.method() == http::Method::HEAD;
+            let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let (mut conn, mut reused) = match pooled {
+                Some(c) => (c, true),
+                None => (self.connect().await?, false),
+            };
+            loop {
+                match self.exchange(&mut conn, &bytes, head_only).await {
+                    Exchange::Answered {
+                        response,
+                        keep_alive,
+                    } => {
+                        if keep_alive {
+                            self.idle
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(conn);
+                        }
+                        return Ok(response);
+                    }
+                    // The server may close an idle connection at any time: one more try on a
+                    // new one, never for a request that got part of an answer.
+                    Exchange::NotAnswered(_) if reused => {
+                        conn = self.connect().await?;
+                        reused = false;
+                    }
+                    Exchange::NotAnswered(e) | Exchange::Broken(e) => return Err(e),
+                }
+            }
+        })
+    }
+}
+
+/// How one exchange on a connection ended.
+enum Exchange {
+    /// A complete answer; `keep_alive` when the connection can carry another request.
+    Answered {
+        response: Response,
+        keep_alive: bool,
+    },
+    /// Nothing of an answer arrived.
+    NotAnswered(TransportError),
+    /// Part of an answer arrived, then it failed.
+    Broken(TransportError),
+}
+
+/// Read one answer (skipping `1xx` interim ones).
+async fn read_response(io: &mut Box<dyn Io>, head_only: bool) -> Exchange {
+    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
+    loop {
+        let (head_len, status, mut headers) = loop {
+            let mut slots = [httparse::EMPTY_HEADER; 64];
+            let mut parsed = httparse::Response::new(&mut slots);
+            match parsed.parse(&buf) {
+                Ok(httparse::Status::Complete(n)) => {
+                    let status = parsed.code.unwrap_or(0);
+                    let mut headers = http::HeaderMap::new();
+                    for h in parsed.headers.iter() {
+                        if let (Ok(name), Ok(value)) = (
+                            HeaderName::from_bytes(h.name.as_bytes()),
+                            HeaderValue::from_bytes(h.value),
+                        ) {
+                            headers.append(name, value);
+                        }
+                    }
+                    break (n, status, headers);
+                }
+                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
+                Ok(httparse::Status::Partial) => {
+                    return Exchange::Broken(TransportError::Other(format!(
+                        "answer head over {MAX_HEAD} bytes"
+                    )))
+                }
+                Err(e) => {
+                    return Exchange::Broken(TransportError::Other(format!(
+                        "malformed answer: {e}"
+                    )))
+                }
+            }
+            match read_more(io, &mut buf).await {
+                Ok(0) if buf.is_empty() => {
+                    return Exchange::NotAnswered(TransportError::Unreachable(
+                        "connection closed before an answer".into(),
+                    ))
+                }
+                Ok(0) => {
+                    return Exchange::Broken(TransportError::Unreachable(
+                        "connection closed in the answer's head".into(),
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) if buf.is_empty() => {
+                    return Exchange::NotAnswered(TransportError::Unreachable(format!("read: {e}")))
+                }
+                Err(e) => {
+                    return Exchange::Broken(TransportError::Unreachable(format!("read: {e}")))
+                }
+            }
+        };
+        buf.drain(..head_len);
+        if (100..200).contains(&status) {
+            continue;
+        }
+        let close = header_has(&headers, http::header::CONNECTION, "close");
+        let no_body = head_only || status == 204 || status == 304;
+        let body = if no_body {
+            Ok((Vec::new(), true))
+        } else if header_has(&headers, http::header::TRANSFER_ENCODING, "chunked") {
+            read_chunked(io, &mut buf).await.map(|b| (b, true))
+        } else if let Some(len) = content_length(&headers) {
+            read_exact_body(io, &mut buf, len).await.map(|b| (b, true))
+        } else {
+            read_to_end(io, &mut buf).await.map(|b| (b, false))
+        };
+        let (body, reusable) = match body {
+            Ok(b) => b,
+            Err(e) => return Exchange::Broken(e),
+        };
+        headers.remove(http::header::TRANSFER_ENCODING);
+        let mut response = Response::new(body);
+        *response.status_mut() = match http::StatusCode::from_u16(status) {
+            Ok(s) => s,
+            Err(_) => {
+                return Exchange::Broken(TransportError::Other(format!("invalid status {status}")))
+            }
+        };
+        *response.headers_mut() = headers;
+        return Exchange::Answered {
+            response,
+            keep_alive: reusable && !close && buf.is_empty(),
+        };
+    }
+}
+
+/// Read what is available into `buf`; the number of bytes read (0 at end of stream).
+async fn read_more(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let start = buf.len();
+    buf.resize(start + CHUNK, 0);
+    let res = io.read(&mut buf[start..]).await;
+    buf.truncate(start + *res.as_ref().unwrap_or(&0));
+    res
+}
+
+/// True when a comma-separated header contains `token` (case-insensitive).
+fn header_has(headers: &http::HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+            .unwrap_or(false)
+    })
+}
+
+fn content_length(headers: &http::HeaderMap) -> Option<usize> {
+    headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn too_large() -> TransportError {
+    TransportError::Other(format!("answer body over {MAX_BODY} bytes"))
+}
+
+fn closed_early() -> TransportError {
+    TransportError::Unreachable("connection closed in the answer's body".into())
+}
+
+fn read_error(e: io::Error) -> TransportError {
+    TransportError::Unreachable(format!("read: {e}"))
+}
+
+async fn read_exact_body(
+    io: &mut Box<dyn Io>,
+    buf: &mut Vec<u8>,
+    len: usize,
+) -> Result<Vec<u8>, TransportError> {
+    if len > MAX_BODY {
+        return Err(too_large());
+    }
+    while buf.len() < len {
+        if read_more(io, buf).await.map_err(read_error)? == 0 {
+            return Err(closed_early());
+        }
+    }
+    Ok(buf.drain(..len).collect())
+}
+
+async fn read_to_end(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>, TransportError> {
+    while read_more(io, buf).await.map_err(read_error)? != 0 {
+        if buf.len() > MAX_BODY {
+            return Err(too_large());
+        }
+    }
+    Ok(std::mem::take(buf))
+}
+
+/// One CRLF-terminated line from `buf` (reading more as needed), without the CRLF.
+async fn read_line(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>, TransportError> {
+    loop {
+        if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+            let line = buf[..i].to_vec();
+            buf.drain(..i + 2);
+            return Ok(line);
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(TransportError::Other("chunk line too long".into()));
+        }
+        if read_more(io, buf).await.map_err(read_error)? == 0 {
+            return Err(closed_early());
+        }
+    }
+}
+
+/// A `Transfer-Encoding: chunked` body (RFC 9112 §7.1), trailers skipped.
+async fn read_chunked(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>, TransportError> {
+    let mut body = Vec::new();
+    loop {
+        let line = read_line(io, buf).await?;
+        let size = std::str::from_utf8(&line)
+            .ok()
+            .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
+            .ok_or_else(|| TransportError::Other("malformed chunk size".into()))?;
+        if size == 0 {
+            // Trailer fields, then the empty line.
+            while !read_line(io, buf).await?.is_empty() {}
+            return Ok(body);
+        }
+        if body.len() + size > MAX_BODY {
+            return Err(too_large());
+        }
+        while buf.len() < size + 2 {
+            if read_more(io, buf).await.map_err(read_error)? == 0 {
+                return Err(closed_early());
+            }
+        }
+        if &buf[size..size + 2] != b"\r\n" {
+            return Err(TransportError::Other("malformed chunk".into()));
+        }
+        body.extend_from_slice(&buf[..size]);
+        buf.drain(..size + 2);
+    }
+}
+
+/// `err: source: source…` on one line.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A plain server on loopback answering each accepted connection from `script`: for every
+    /// request it reads (head plus `Content-Length` body) it writes the next answer; `None`
+    /// closes the connection instead. Returns the port and the requests seen.
+    async fn server(script: Vec<Vec<Option<&'static [u8]>>>) -> (u16, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            for answers in script {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for answer in answers {
+                        let req = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                let head = String::from_utf8_lossy(&buf[..i]).to_string();
+                                let len = head
+                                    .lines()
+                                    .find_map(|l| {
+                                        l.to_ascii_lowercase()
+                                            .strip_prefix("content-length:")
+                                            .map(|v| v.trim().parse::<usize>().unwrap())
+                                    })
+                                    .unwrap_or(0);
+                                if buf.len() >= i + 4 + len {
+                                    let all: Vec<u8> = buf.drain(..i + 4 + len).collect();
+                                    break String::from_utf8_lossy(&all).to_string();
+                                }
+                            }
+                            let mut chunk = [0u8; 4096];
+                            let n = sock.read(&mut chunk).await.unwrap_or(0);
+                            if n == 0 {
+                                return;
+                            }
+                            buf.extend_from_slice(&chunk[..n]);
+                        };
+                        record.lock().unwrap().push(req);
+                        match answer {
+                            Some(a) => sock.write_all(a).await.unwrap(),
+                            None => return,
+                        }
+                    }
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    fn transport(port: u16, base_path: &str) -> Http1Transport {
+        Http1Transport::new(
+            Endpoint {
+                host: "127.0.0.1".into(),
+                port,
+                authority: format!("127.0.0.1:{port}"),
+                base_path: base_path.into(),
+                tls: None,
+            },
+            vec![(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_static("Bearer tok"),
+            )],
+            Duration::from_secs(1),
+        )
+    }
+
+    fn get(path: &str) -> Request {
+        http::Request::get(path).body(Vec::new()).unwrap()
+    }
+
+    const OK: &[u8] =
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+
+    #[tokio::test]
+    async fn content_length_answers_share_one_connection() {
+        let (port, seen) = server(vec![vec![Some(OK), Some(OK)]]).await;
+        let t = transport(port, "");
+        for _ in 0..2 {
+            let r = t.send(get("/api/v1/namespaces/a/pods/b")).await.unwrap();
+            assert_eq!(
+                (r.status().as_u16(), r.body().as_slice()),
+                (200, &b"{}"[..])
+            );
+        }
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            seen.len(),
+            2,
+            "both requests on the one accepted connection"
+        );
+        assert!(
+            seen[0].starts_with(&format!(
+                "GET /api/v1/namespaces/a/pods/b HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            )),
+            "{}",
+            seen[0]
+        );
+        assert!(
+            seen[0].contains("authorization: Bearer tok\r\n"),
+            "{}",
+            seen[0]
+        );
+        assert!(!seen[0].to_ascii_lowercase().contains("content-length"));
+    }
+
+    #[tokio::test]
+    async fn a_body_is_sent_with_its_length_under_the_base_path() {
+        let (port, seen) = server(vec![vec![Some(OK)]]).await;
+        let t = transport(port, "/k8s/clusters/c1");
+        let req = http::Request::patch("/api/v1/namespaces/a/pods/b/status")
+            .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+            .body(br#"{"metadata":{}}"#.to_vec())
+            .unwrap();
+        t.send(req).await.unwrap();
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen[0].starts_with(
+                "PATCH /k8s/clusters/c1/api/v1/namespaces/a/pods/b/status HTTP/1.1\r\n"
+            ),
+            "{}",
+            seen[0]
+        );
+        assert!(seen[0].contains("content-type: application/merge-patch+json\r\n"));
+        assert!(seen[0].contains("Content-Length: 15\r\n"));
+        assert!(
+            seen[0].ends_with("\r\n\r\n{\"metadata\":{}}"),
+            "{}",
+            seen[0]
+        );
+    }
+
+    #[tokio::test]
+    async fn chunked_answers_with_trailers_and_interim_answers() {
+        const CHUNKED: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\n{\"a\":\r\n3\r\n42}\r\n0\r\nX-Trailer: y\r\n\r\n";
+        let (port, seen) = server(vec![vec![Some(CHUNKED), Some(OK)]]).await;
+        let t = transport(port, "");
+        let r = t.send(get("/x")).await.unwrap();
+        assert_eq!(r.status().as_u16(), 404);
+        assert_eq!(r.body().as_slice(), br#"{"a":42}"#);
+        assert!(r.headers().get(http::header::TRANSFER_ENCODING).is_none());
+        // The connection is still usable after a chunked answer.
+        t.send(get("/y")).await.unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_answer_up_to_end_of_stream_closes_the_connection() {
+        const UNTIL_EOF: &[u8] = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"k\":1}";
+        let (port, seen) = server(vec![vec![Some(UNTIL_EOF)], vec![Some(OK)]]).await;
+        let t = transport(port, "");
+        // The first server task returns after its answer, closing the socket.
+        let r = t.send(get("/x")).await.unwrap();
+        assert_eq!(r.body().as_slice(), br#"{"k":1}"#);
+        let r = t.send(get("/y")).await.unwrap();
+        assert_eq!(r.body().as_slice(), b"{}");
+        assert_eq!(seen.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_closed_while_idle_is_replaced_once() {
+        // First connection: one answer, then closed without an answer to the second request.
+        let (port, seen) = server(vec![vec![Some(OK), None], vec![Some(OK)]]).await;
+        let t = transport(port, "");
+        t.send(get("/1")).await.unwrap();
+        let r = t.send(get("/2")).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            seen.len(),
+            3,
+            "/2 sent on the old connection, then on a new one"
+        );
+        assert!(seen[2].starts_with("GET /2 "));
+    }
+
+    #[tokio::test]
+    async fn a_fresh_connection_closed_without_an_answer_is_unreachable() {
+        let (port, _) = server(vec![vec![None]]).await;
+        let err = transport(port, "").send(get("/x")).await.unwrap_err();
+        assert!(matches!(err, TransportError::Unreachable(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_truncated_body_is_unreachable_and_not_retried() {
+        const SHORT: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}";
+        let (port, seen) = server(vec![vec![Some(OK), Some(SHORT)], vec![Some(OK)]]).await;
+        let t = transport(port, "");
+        t.send(get("/1")).await.unwrap();
+        let err = t.send(get("/2")).await.unwrap_err();
+        assert!(matches!(err, TransportError::Unreachable(_)), "{err:?}");
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            2,
+            "part of an answer came: no resend"
+        );
+    }
+
+    #[tokio::test]
+    async fn malformed_and_oversized_answers_are_refused() {
+        const BAD: &[u8] = b"HTTX/1.1 200 OK\r\n\r\n";
+        let (port, _) = server(vec![vec![Some(BAD)]]).await;
+        let err = transport(port, "").send(get("/x")).await.unwrap_err();
+        assert!(
+            matches!(err, TransportError::Other(ref m) if m.contains("malformed")),
+            "{err:?}"
+        );
+
+        const HUGE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999\r\n\r\n";
+        let (port, _) = server(vec![vec![Some(HUGE)]]).await;
+        let err = transport(port, "").send(get("/x")).await.unwrap_err();
+        assert!(
+            matches!(err, TransportError::Other(ref m) if m.contains("over")),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_unreachable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = transport(port, "").send(get("/x")).await.unwrap_err();
+        assert!(
+            matches!(err, TransportError::Unreachable(ref m) if m.contains("127.0.0.1")),
+            "{err:?}"
+        );
+    }
+}
