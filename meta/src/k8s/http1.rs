@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::transport::{Request, Response, SendFuture, Transport, TransportError};
+use crate::error::chain as error_chain;
 
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;
@@ -120,7 +121,9 @@ impl Http1Transport {
                 let tls = tokio_rustls::TlsConnector::from(config.clone())
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|e| TransportError::Unreachable(format!("TLS: {}", chain(&e))))?;
+                    .map_err(|e| {
+                        TransportError::Unreachable(format!("TLS: {}", error_chain(&e)))
+                    })?;
                 Box::new(tls)
             }
         };
@@ -428,21 +431,6 @@ async fn read_chunked(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>
         body.extend_from_slice(&buf[..size]);
         buf.drain(..size + 2);
     }
-}
-
-/// `err: source: source…` on one line.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
 }
 
 #[cfg(test)]

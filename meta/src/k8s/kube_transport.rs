@@ -15,6 +15,7 @@ use super::client::{install_crypto_provider, redact, ClientOptions, InClusterEnv
 use super::error::K8sError;
 use super::http1::MAX_BODY;
 use super::transport::{Request, SendFuture, Transport, TransportError};
+use crate::error::chain as error_chain;
 
 /// [`Transport`] over a `kube::Client`.
 struct KubeTransport(kube::Client);
@@ -70,21 +71,6 @@ fn is_transport_error(err: &(dyn std::error::Error + 'static)) -> bool {
         cur = e.source();
     }
     false
-}
-
-/// `err: source: source...` on one line.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
 }
 
 impl KubeClient {
