@@ -278,20 +278,34 @@ impl Bench {
                 r.del.push(pdel);
             }
         }
-        // `PLEXUS_BENCH_STRACE=FILE`: one more ADD under `strace -f -ttt -T -o FILE` (analysis).
+        // `PLEXUS_BENCH_STRACE=FILE`: one more ADD under `strace -f -ttt -T -o FILE` (analysis), then
+        // its DEL into `FILE.del`.
         if let Some(out) = std::env::var_os("PLEXUS_BENCH_STRACE").filter(|_| strace) {
             let (pod, uid) = self.pod()?;
             let cid = format!("bench-strace-{}", self.pods);
             let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
             let mut cmd = Command::new("strace");
-            cmd.args(["-f", "-ttt", "-T", "-o"]).arg(out).arg(plexus);
-            let out = run_with(
+            cmd.args(["-f", "-ttt", "-T", "-o"]).arg(&out).arg(plexus);
+            let add = run_with(
                 cmd,
                 &plexus_env("ADD", &cid, &netns, &cni_path, &args),
                 conf,
             );
-            if !out.status.success() {
+            if !add.status.success() {
                 bail!("plexus ADD under strace failed");
+            }
+            // Then its DEL, into FILE.del.
+            let mut del_out = out.clone();
+            del_out.push(".del");
+            let mut cmd = Command::new("strace");
+            cmd.args(["-f", "-ttt", "-T", "-o"]).arg(del_out).arg(plexus);
+            let del = run_with(
+                cmd,
+                &plexus_env("DEL", &cid, &netns, &cni_path, &args),
+                conf,
+            );
+            if !del.status.success() {
+                bail!("plexus DEL under strace failed");
             }
         }
         Ok(r)
