@@ -39,6 +39,9 @@ fn main() -> ExitCode {
     suite.case("pod_without_networks_gets_default_only", || {
         no_networks(&node)
     });
+    suite.case("kubeconfig_forms_the_thin_client_reads", || {
+        kubeconfig_forms(&node)
+    });
     suite.case("default_network_override_from_annotation", || {
         default_override(&node)
     });
@@ -368,6 +371,124 @@ fn no_networks(node: &Node<'_>) -> Result<()> {
     ensure!(status_names(&node.status("db", "solo")?) == ["cbr0"]);
     ensure!(node.events("db", "solo")?.len() == 1);
     node.call("DEL", "cid-solo", &ns.path(), &args, &json!({}))
+        .ok();
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
+/// The kubeconfig forms a node may carry, each as plexus' own identity on the real apiserver:
+/// a client certificate (inline data), a token file with a trailing newline and a CA file by
+/// relative path with `tls-server-name`, an exec credential plugin. Each ADD writes the
+/// network-status (so the PATCH was authenticated and authorised) and DEL leaves nothing; an
+/// `auth-provider` user is refused with code 7 before anything is created.
+fn kubeconfig_forms(node: &Node<'_>) -> Result<()> {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let token = node.cp.create_token("kube-system", "plexus")?;
+    let dir = node.path("kubeconfigs");
+    std::fs::create_dir_all(&dir)?;
+    let write = |name: &str, cluster: String, user: String| -> Result<PathBuf> {
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n{cluster}users:\n- name: u\n  user:\n{user}\
+                 contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+            ),
+        )?;
+        Ok(path)
+    };
+    let server = node.cp.url();
+    let ca_data = format!(
+        "    server: {server}\n    certificate-authority-data: {}\n",
+        b64(&node.cp.ca_pem())
+    );
+    std::fs::write(dir.join("ca.crt"), node.cp.ca_pem())?;
+    std::fs::write(dir.join("token"), format!("{token}\n"))?;
+    let cred = dir.join("credential.sh");
+    std::fs::write(
+        &cred,
+        format!(
+            "#!/bin/sh\nprintf '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"%s\"}}}}' \"$(cat {})\"\n",
+            dir.join("token").display()
+        ),
+    )?;
+    std::fs::set_permissions(&cred, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let cert = node.cp.client_cert(PLEXUS_USER, None)?;
+    let forms = [
+        (
+            "client certificate",
+            write(
+                "cert",
+                ca_data.clone(),
+                format!(
+                    "    client-certificate-data: {}\n    client-key-data: {}\n",
+                    b64(&cert.cert_pem),
+                    b64(&cert.key_pem)
+                ),
+            )?,
+        ),
+        (
+            "token file, CA file, tls-server-name",
+            write(
+                "token-file",
+                format!(
+                    "    server: https://127.0.0.1:{}\n    certificate-authority: ca.crt\n    tls-server-name: localhost\n",
+                    node.cp.port()
+                ),
+                "    tokenFile: token\n".into(),
+            )?,
+        ),
+        (
+            "exec credential plugin",
+            write(
+                "exec",
+                ca_data.clone(),
+                format!(
+                    "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}\n      interactiveMode: Never\n",
+                    cred.display()
+                ),
+            )?,
+        ),
+    ];
+    for (i, (form, path)) in forms.iter().enumerate() {
+        let name = format!("kc-{i}");
+        let ns = Netns::new();
+        let uid = node.pod("db", &name, json!({}))?;
+        let args = Node::args("db", &name, &uid);
+        let extra = json!({"kubeconfig": path});
+        let r = node.call("ADD", &name, &ns.path(), &args, &extra);
+        ensure!(r.code == 0, "{form}: ADD failed: {} {}", r.out, r.stderr);
+        ensure!(
+            status_names(&node.status("db", &name)?) == ["cbr0"],
+            "{form}: no network-status written"
+        );
+        node.call("DEL", &name, &ns.path(), &args, &extra).ok();
+        ensure!(
+            node.leftovers().is_empty(),
+            "{form}: {:?}",
+            node.leftovers()
+        );
+        println!("    {form}: ADD wrote the network-status, DEL left nothing");
+    }
+
+    let refused = write(
+        "auth-provider",
+        ca_data,
+        "    auth-provider:\n      name: oidc\n      config:\n        id-token: s3cr3t\n".into(),
+    )?;
+    let ns = Netns::new();
+    let uid = node.pod("db", "kc-refused", json!({}))?;
+    let args = Node::args("db", "kc-refused", &uid);
+    let extra = json!({"kubeconfig": refused});
+    let r = node.call("ADD", "kc-refused", &ns.path(), &args, &extra);
+    let err = r.err();
+    ensure!(err["code"] == 7, "{err}");
+    let text = err.to_string();
+    ensure!(text.contains("auth-provider is not supported"), "{text}");
+    ensure!(!text.contains("s3cr3t"), "{text}");
+    ensure!(ns.links().len() == 1, "nothing attached: {:?}", ns.links());
+    node.call("DEL", "kc-refused", &ns.path(), &args, &extra)
         .ok();
     ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
     Ok(())

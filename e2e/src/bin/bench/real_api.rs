@@ -298,7 +298,9 @@ impl Bench {
             let mut del_out = out.clone();
             del_out.push(".del");
             let mut cmd = Command::new("strace");
-            cmd.args(["-f", "-ttt", "-T", "-o"]).arg(del_out).arg(plexus);
+            cmd.args(["-f", "-ttt", "-T", "-o"])
+                .arg(del_out)
+                .arg(plexus);
             let del = run_with(
                 cmd,
                 &plexus_env("DEL", &cid, &netns, &cni_path, &args),
