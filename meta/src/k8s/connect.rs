@@ -131,7 +131,11 @@ fn build(
         Endpoint {
             host,
             port,
-            authority: authority.as_str().to_owned(),
+            // Never the URL's user information, which must not travel in a header.
+            authority: match authority.port() {
+                Some(p) => format!("{}:{}", authority.host(), p.as_str()),
+                None => authority.host().to_owned(),
+            },
             base_path: uri.path().trim_end_matches('/').to_owned(),
             tls,
         },
@@ -140,14 +144,17 @@ fn build(
     ))
 }
 
-/// The user's credentials: bearer token (inline, file, exec), basic auth, client certificate.
+/// The user's credentials, in client-go's order: a static bearer token (inline, then file) or
+/// basic auth, and a client certificate; an `exec` plugin only when none of those is set.
 fn identity(user: &AuthInfo, cluster: &Cluster) -> Result<Identity, String> {
     let mut id = Identity::default();
-    if let Some(token) = user
+    // client-go treats an empty token as absent.
+    let inline = user
         .token
         .as_ref()
         .map(|t| t.expose_secret().trim().to_owned())
-    {
+        .filter(|t| !t.is_empty());
+    if let Some(token) = inline {
         id.authorization = Some(format!("Bearer {token}"));
     } else if let Some(path) = user.token_file.as_deref().filter(|p| !p.is_empty()) {
         let token = std::fs::read_to_string(path)
@@ -175,14 +182,14 @@ fn identity(user: &AuthInfo, cluster: &Cluster) -> Result<Identity, String> {
         (None, None) => {}
         _ => return Err("a client certificate needs both a certificate and a key".into()),
     }
-    if let Some(exec) = &user.exec {
+    if let Some(exec) = user
+        .exec
+        .as_ref()
+        .filter(|_| id.authorization.is_none() && id.client_pem.is_none())
+    {
         let cred = run_exec(exec, cluster)?;
-        if let Some(token) = cred.token {
-            id.authorization = Some(format!("Bearer {token}"));
-        }
-        if let Some(pair) = cred.client_pem {
-            id.client_pem = Some(pair);
-        }
+        id.authorization = cred.token.map(|t| format!("Bearer {t}"));
+        id.client_pem = cred.client_pem;
     }
     Ok(id)
 }
@@ -222,6 +229,13 @@ fn impersonation(user: &AuthInfo) -> Result<Vec<(HeaderName, HeaderValue)>, Stri
     for g in user.impersonate_groups.iter().flatten() {
         out.push((HeaderName::from_static("impersonate-group"), value(g)?));
     }
+    for (key, values) in user.impersonate_user_extra.iter().flatten() {
+        let name = HeaderName::from_bytes(format!("impersonate-extra-{key}").as_bytes())
+            .map_err(|_| format!("as-user-extra key {key:?} cannot be sent as a header"))?;
+        for v in values {
+            out.push((name.clone(), value(v)?));
+        }
+    }
     Ok(out)
 }
 
@@ -235,7 +249,16 @@ fn tls_config(cluster: &Cluster, id: &Identity) -> Result<rustls::ClientConfig, 
         "certificate-authority",
     )?;
     let builder = rustls::ClientConfig::builder();
+    let insecure = cluster.insecure_skip_tls_verify == Some(true);
     let builder = match ca {
+        _ if insecure => {
+            tracing::warn!(
+                "kubeconfig sets insecure-skip-tls-verify: the API server is not verified"
+            );
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerification::new()))
+        }
         Some(bytes) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in certificates(&bytes, "certificate-authority")? {
@@ -252,7 +275,7 @@ fn tls_config(cluster: &Cluster, id: &Identity) -> Result<rustls::ClientConfig, 
                 .map_err(|e| format!("system trust store: {e}"))?
         }
     };
-    let mut config = match &id.client_pem {
+    let config = match &id.client_pem {
         Some((cert, key)) => {
             let chain = certificates(cert, "client-certificate")?;
             let key = PrivateKeyDer::from_pem_slice(key)
@@ -263,12 +286,6 @@ fn tls_config(cluster: &Cluster, id: &Identity) -> Result<rustls::ClientConfig, 
         }
         None => builder.with_no_client_auth(),
     };
-    if cluster.insecure_skip_tls_verify == Some(true) {
-        tracing::warn!("kubeconfig sets insecure-skip-tls-verify: the API server is not verified");
-        config
-            .dangerous()
-            .set_certificate_verifier(Arc::new(NoVerification::new()));
-    }
     Ok(config)
 }
 
@@ -305,12 +322,7 @@ fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, Stri
         .unwrap_or("client.authentication.k8s.io/v1");
     let mut spec = serde_json::json!({"interactive": false});
     if exec.provide_cluster_info {
-        spec["cluster"] = serde_json::json!({
-            "server": cluster.server,
-            "tls-server-name": cluster.tls_server_name,
-            "insecure-skip-tls-verify": cluster.insecure_skip_tls_verify.unwrap_or(false),
-            "certificate-authority-data": cluster.certificate_authority_data,
-        });
+        spec["cluster"] = cluster_info(cluster)?;
     }
     let info = serde_json::json!({
         "apiVersion": api_version,
@@ -320,6 +332,7 @@ fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, Stri
     let mut cmd = Command::new(command);
     cmd.args(exec.args.iter().flatten())
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .env("KUBERNETES_EXEC_INFO", info.to_string());
     for pair in exec.env.iter().flatten() {
@@ -330,8 +343,7 @@ fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, Stri
     for name in exec.drop_env.iter().flatten() {
         cmd.env_remove(name);
     }
-    let out = cmd
-        .output()
+    let out = output_within(cmd, EXEC_TIMEOUT)
         .map_err(|e| format!("exec credential plugin {command}: {e}"))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -363,6 +375,82 @@ fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, Stri
         ));
     }
     Ok(ExecCredential { token, client_pem })
+}
+
+/// How long an exec credential plugin may run: a CNI call cannot wait for ever.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `cmd`'s exit status and output, killing it after `timeout`.
+fn output_within(mut cmd: Command, timeout: Duration) -> std::io::Result<std::process::Output> {
+    use std::io::Read;
+    let mut child = cmd.spawn()?;
+    // Drain both pipes while waiting, so a chatty plugin cannot block on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(p) = pipe {
+                let _ = p.take(1 << 20).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {timeout:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// `spec.cluster` for a plugin with `provideClusterInfo` (client-go's `Cluster` fields that
+/// are set; the CA as data even when the kubeconfig names a file).
+fn cluster_info(cluster: &Cluster) -> Result<serde_json::Value, String> {
+    let mut info = serde_json::Map::new();
+    if let Some(server) = &cluster.server {
+        info.insert("server".into(), server.clone().into());
+    }
+    if let Some(name) = cluster.tls_server_name.as_deref().filter(|n| !n.is_empty()) {
+        info.insert("tls-server-name".into(), name.into());
+    }
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        info.insert("insecure-skip-tls-verify".into(), true.into());
+    }
+    let ca = pem_source(
+        cluster.certificate_authority_data.as_deref(),
+        cluster.certificate_authority.as_deref(),
+        "certificate-authority",
+    )?;
+    if let Some(ca) = ca {
+        let data = base64::engine::general_purpose::STANDARD.encode(ca);
+        info.insert("certificate-authority-data".into(), data.into());
+    }
+    Ok(info.into())
 }
 
 /// The verifier `insecure-skip-tls-verify: true` asks for: any certificate, signatures still
@@ -472,6 +560,90 @@ mod tests {
             "{CLUSTER}{ctx}users:\n- name: u\n  user:\n    client-key-data: \"s3cr3t!!\"\n"
         ));
         assert!(!e.contains("s3cr3t"), "{e}");
+    }
+
+    fn user(yaml_user: &str, server: &str) -> Kubeconfig {
+        parse(&format!(
+            "clusters:\n- name: c\n  cluster:\n    server: {server}\n\
+             users:\n- name: u\n  user:\n{yaml_user}\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ))
+    }
+
+    fn auth_of(kc: &Kubeconfig) -> Result<Option<String>, String> {
+        let ctx = &kc.contexts[0].context.as_ref().unwrap();
+        let user = kc
+            .auth_infos
+            .iter()
+            .find(|a| Some(&a.name) == ctx.user.as_ref())
+            .and_then(|a| a.auth_info.clone())
+            .unwrap_or_default();
+        identity(&user, kc.clusters[0].cluster.as_ref().unwrap()).map(|id| id.authorization)
+    }
+
+    #[test]
+    fn credentials_follow_client_go_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let f = file.display();
+        // An empty inline token is absent: the token file is used.
+        let kc = user(
+            &format!("    token: \"\"\n    tokenFile: {f}\n"),
+            "http://h",
+        );
+        assert_eq!(auth_of(&kc).unwrap().as_deref(), Some("Bearer from-file"));
+        // A static token wins over an exec plugin, which is not even run.
+        let kc = user(
+            "    token: static\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /nonexistent/plugin\n",
+            "http://h",
+        );
+        assert_eq!(auth_of(&kc).unwrap().as_deref(), Some("Bearer static"));
+        // Without one, the plugin runs (and its failure is the error).
+        let kc = user(
+            "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /nonexistent/plugin\n",
+            "http://h",
+        );
+        assert!(auth_of(&kc).unwrap_err().contains("/nonexistent/plugin"));
+    }
+
+    #[test]
+    fn the_host_header_never_carries_user_information() {
+        let kc = user(
+            "    token: t\n",
+            "https://someone:pw@api.example:6443/prefix/",
+        );
+        let t = transport_from_kubeconfig(&kc, Duration::from_secs(1)).unwrap();
+        let ep = t.endpoint();
+        assert_eq!(ep.authority, "api.example:6443");
+        assert_eq!((ep.host.as_str(), ep.port), ("api.example", 6443));
+        assert_eq!(ep.base_path, "/prefix");
+        let kc = user("    token: t\n", "https://[fd00::1]");
+        let t = transport_from_kubeconfig(&kc, Duration::from_secs(1)).unwrap();
+        let ep = t.endpoint();
+        assert_eq!(
+            (ep.authority.as_str(), ep.host.as_str(), ep.port),
+            ("[fd00::1]", "fd00::1", 443)
+        );
+    }
+
+    #[test]
+    fn exec_plugin_that_hangs_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("slow.sh");
+        std::fs::write(&script, "#!/bin/sh\nsleep 30\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut cmd = Command::new(&script);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let start = std::time::Instant::now();
+        let err = output_within(cmd, Duration::from_millis(200)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

@@ -27,6 +27,11 @@ const MAX_HEAD: usize = 64 * 1024;
 pub(crate) const MAX_BODY: usize = 32 * 1024 * 1024;
 /// Read buffer size.
 const CHUNK: usize = 16 * 1024;
+/// Most header fields accepted in an answer.
+const MAX_HEADERS: usize = 128;
+/// Connect time allowed to an address when more addresses are left to try (client-go and
+/// hyper move on to the next address family after about as long).
+const NEXT_ADDRESS_AFTER: Duration = Duration::from_millis(300);
 
 /// Where and how to connect.
 #[derive(Clone)]
@@ -87,6 +92,12 @@ impl Http1Transport {
         }
     }
 
+    /// Where this transport connects (tests).
+    #[cfg(test)]
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
     async fn connect(&self) -> Result<Conn, TransportError> {
         let ep = &self.endpoint;
         let unreachable =
@@ -97,8 +108,14 @@ impl Http1Transport {
             .collect();
         let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
         let mut tcp = None;
-        for addr in addrs {
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+        let count = addrs.len();
+        for (i, addr) in addrs.into_iter().enumerate() {
+            let limit = if i + 1 < count {
+                self.connect_timeout.min(NEXT_ADDRESS_AFTER)
+            } else {
+                self.connect_timeout
+            };
+            match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
                 Ok(Ok(s)) => {
                     tcp = Some(s);
                     break;
@@ -107,7 +124,7 @@ impl Http1Transport {
                 Err(_) => {
                     last = io::Error::new(
                         io::ErrorKind::TimedOut,
-                        format!("connect timed out after {:?}", self.connect_timeout),
+                        format!("connect to {addr} timed out after {limit:?}"),
                     )
                 }
             }
@@ -172,14 +189,20 @@ impl Http1Transport {
         out
     }
 
-    async fn exchange(&self, conn: &mut Conn, bytes: &[u8], head_only: bool) -> Exchange {
+    async fn exchange(&self, conn: &mut Conn, bytes: &[u8], req: &Request) -> Exchange {
         if let Err(e) = conn.io.write_all(bytes).await {
-            return Exchange::NotAnswered(TransportError::Unreachable(format!("write: {e}")));
+            return Exchange::NotSent(TransportError::Unreachable(format!("write: {e}")));
         }
         if let Err(e) = conn.io.flush().await {
-            return Exchange::NotAnswered(TransportError::Unreachable(format!("write: {e}")));
+            return Exchange::NotSent(TransportError::Unreachable(format!("write: {e}")));
         }
-        read_response(&mut conn.io, head_only).await
+        match read_response(&mut conn.io, req.method() == http::Method::HEAD).await {
+            // The server may have acted on a request it did not answer: only a request that is
+            // safe to repeat counts as not sent.
+            Exchange::NotAnswered(e) if is_idempotent(req.method()) => Exchange::NotSent(e),
+            Exchange::NotAnswered(e) => Exchange::Broken(e),
+            other => other,
+        }
     }
 }
 
@@ -187,14 +210,13 @@ impl Transport for Http1Transport {
     fn send(&self, req: Request) -> SendFuture<'_> {
         Box::pin(async move {
             let bytes = self.encode(&req);
-            let head_only = req.method() == http::Method::HEAD;
             let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
             let (mut conn, mut reused) = match pooled {
                 Some(c) => (c, true),
                 None => (self.connect().await?, false),
             };
             loop {
-                match self.exchange(&mut conn, &bytes, head_only).await {
+                match self.exchange(&mut conn, &bytes, &req).await {
                     Exchange::Answered {
                         response,
                         keep_alive,
@@ -208,12 +230,14 @@ impl Transport for Http1Transport {
                         return Ok(response);
                     }
                     // The server may close an idle connection at any time: one more try on a
-                    // new one, never for a request that got part of an answer.
-                    Exchange::NotAnswered(_) if reused => {
+                    // new one, only for a request it cannot have acted on (see `exchange`).
+                    Exchange::NotSent(_) if reused => {
                         conn = self.connect().await?;
                         reused = false;
                     }
-                    Exchange::NotAnswered(e) | Exchange::Broken(e) => return Err(e),
+                    Exchange::NotSent(e) | Exchange::NotAnswered(e) | Exchange::Broken(e) => {
+                        return Err(e)
+                    }
                 }
             }
         })
@@ -227,22 +251,34 @@ enum Exchange {
         response: Response,
         keep_alive: bool,
     },
-    /// Nothing of an answer arrived.
+    /// The request did not reach the server, or is safe to send again: nothing of an answer
+    /// arrived.
+    NotSent(TransportError),
+    /// A request that is not safe to repeat got no answer at all.
     NotAnswered(TransportError),
     /// Part of an answer arrived, then it failed.
     Broken(TransportError),
+}
+
+/// Methods a server may see twice with the same effect (RFC 9110 §9.2.2).
+fn is_idempotent(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::PUT | http::Method::DELETE
+    )
 }
 
 /// Read one answer (skipping `1xx` interim ones).
 async fn read_response(io: &mut Box<dyn Io>, head_only: bool) -> Exchange {
     let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
     loop {
-        let (head_len, status, mut headers) = loop {
-            let mut slots = [httparse::EMPTY_HEADER; 64];
+        let (head_len, status, mut headers, http10) = loop {
+            let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut parsed = httparse::Response::new(&mut slots);
             match parsed.parse(&buf) {
                 Ok(httparse::Status::Complete(n)) => {
                     let status = parsed.code.unwrap_or(0);
+                    let http10 = parsed.version == Some(0);
                     let mut headers = http::HeaderMap::new();
                     for h in parsed.headers.iter() {
                         if let (Ok(name), Ok(value)) = (
@@ -252,7 +288,7 @@ async fn read_response(io: &mut Box<dyn Io>, head_only: bool) -> Exchange {
                             headers.append(name, value);
                         }
                     }
-                    break (n, status, headers);
+                    break (n, status, headers, http10);
                 }
                 Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
                 Ok(httparse::Status::Partial) => {
@@ -296,10 +332,12 @@ async fn read_response(io: &mut Box<dyn Io>, head_only: bool) -> Exchange {
             Ok((Vec::new(), true))
         } else if header_has(&headers, http::header::TRANSFER_ENCODING, "chunked") {
             read_chunked(io, &mut buf).await.map(|b| (b, true))
-        } else if let Some(len) = content_length(&headers) {
-            read_exact_body(io, &mut buf, len).await.map(|b| (b, true))
         } else {
-            read_to_end(io, &mut buf).await.map(|b| (b, false))
+            match content_length(&headers) {
+                Ok(Some(len)) => read_exact_body(io, &mut buf, len).await.map(|b| (b, true)),
+                Ok(None) => read_to_end(io, &mut buf).await.map(|b| (b, false)),
+                Err(e) => Err(e),
+            }
         };
         let (body, reusable) = match body {
             Ok(b) => b,
@@ -316,7 +354,7 @@ async fn read_response(io: &mut Box<dyn Io>, head_only: bool) -> Exchange {
         *response.headers_mut() = headers;
         return Exchange::Answered {
             response,
-            keep_alive: reusable && !close && buf.is_empty(),
+            keep_alive: reusable && !close && !http10 && buf.is_empty(),
         };
     }
 }
@@ -339,14 +377,24 @@ fn header_has(headers: &http::HeaderMap, name: HeaderName, token: &str) -> bool 
     })
 }
 
-fn content_length(headers: &http::HeaderMap) -> Option<usize> {
-    headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+/// The body length an answer declares: `Ok(None)` without `Content-Length`, an error when
+/// the values are not one number (RFC 9110 §8.6 allows a list of identical values).
+fn content_length(headers: &http::HeaderMap) -> Result<Option<usize>, TransportError> {
+    let mut len = None;
+    for value in headers.get_all(http::header::CONTENT_LENGTH) {
+        for part in value.to_str().unwrap_or("x").split(',') {
+            let n: usize = part.trim().parse().map_err(|_| {
+                TransportError::Other("malformed answer: invalid Content-Length".into())
+            })?;
+            if len.is_some_and(|l| l != n) {
+                return Err(TransportError::Other(
+                    "malformed answer: conflicting Content-Length values".into(),
+                ));
+            }
+            len = Some(n);
+        }
+    }
+    Ok(len)
 }
 
 fn too_large() -> TransportError {
@@ -417,7 +465,7 @@ async fn read_chunked(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>
             while !read_line(io, buf).await?.is_empty() {}
             return Ok(body);
         }
-        if body.len() + size > MAX_BODY {
+        if size > MAX_BODY - body.len() {
             return Err(too_large());
         }
         while buf.len() < size + 2 {
@@ -612,6 +660,42 @@ mod tests {
             "/2 sent on the old connection, then on a new one"
         );
         assert!(seen[2].starts_with("GET /2 "));
+    }
+
+    #[tokio::test]
+    async fn a_request_unsafe_to_repeat_is_not_resent_on_a_new_connection() {
+        // The server reads the POST on the reused connection and closes it unanswered: it
+        // may have acted on it, so the client reports the failure instead of posting twice.
+        let (port, seen) = server(vec![vec![Some(OK), None], vec![Some(OK)]]).await;
+        let t = transport(port, "");
+        t.send(get("/1")).await.unwrap();
+        let post = http::Request::post("/api/v1/namespaces/a/events")
+            .body(b"{}".to_vec())
+            .unwrap();
+        let err = t.send(post).await.unwrap_err();
+        assert!(matches!(err, TransportError::Unreachable(_)), "{err:?}");
+        assert_eq!(seen.lock().unwrap().len(), 2, "the POST was sent once");
+    }
+
+    #[tokio::test]
+    async fn hostile_lengths_are_refused_without_a_panic() {
+        const HUGE_CHUNK: &[u8] =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\nffffffffffffffff\r\n";
+        const BAD_LENGTH: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2, 3\r\n\r\n{}";
+        const LIST_LENGTH: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n{}";
+        for (answer, ok) in [
+            (HUGE_CHUNK, false),
+            (BAD_LENGTH, false),
+            (LIST_LENGTH, true),
+        ] {
+            let (port, _) = server(vec![vec![Some(answer)]]).await;
+            let got = transport(port, "").send(get("/x")).await;
+            match (got, ok) {
+                (Ok(r), true) => assert_eq!(r.body().as_slice(), b"{}"),
+                (Err(TransportError::Other(_)), false) => {}
+                (other, _) => panic!("{}: {other:?}", String::from_utf8_lossy(answer)),
+            }
+        }
     }
 
     #[tokio::test]
