@@ -90,7 +90,11 @@ impl ControlPlane {
     /// Start etcd and kube-apiserver in a fresh temporary directory and wait for `/readyz`.
     pub fn start(bins: &K8sBins) -> Result<ControlPlane> {
         let t0 = Instant::now();
-        let dir = tempfile::Builder::new().prefix("plexus-k8s-").tempdir()?;
+        // 0700: it holds the CA's and the apiserver's keys and the admin token.
+        let dir = tempfile::Builder::new()
+            .prefix("plexus-k8s-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir()?;
         // etcd fsyncs a lot: keep its data in memory where there is a tmpfs.
         let shm = Path::new("/dev/shm");
         let etcd_dir = if shm.is_dir() {
