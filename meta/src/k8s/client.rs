@@ -273,7 +273,7 @@ pub(crate) fn built(
 }
 
 /// Read a kubeconfig file (warning when everyone can read it: it may hold credentials).
-fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
+pub(crate) fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, K8sError> {
     let kc_err = |reason: String| K8sError::Kubeconfig {
         path: path.to_owned(),
         reason,

@@ -11,7 +11,9 @@ use kube::client::ConfigExt;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use tower::{BoxError, ServiceBuilder};
 
-use super::client::{install_crypto_provider, redact, ClientOptions, InClusterEnv, KubeClient};
+use super::client::{
+    install_crypto_provider, read_kubeconfig, redact, ClientOptions, InClusterEnv, KubeClient,
+};
 use super::error::K8sError;
 use super::http1::MAX_BODY;
 use super::transport::{Request, SendFuture, Transport, TransportError};
@@ -94,8 +96,7 @@ impl KubeClient {
                         path: owned.clone(),
                         reason,
                     };
-                    let kc = Kubeconfig::read_from(path).map_err(|e| kc_err(redact(&e)))?;
-                    (kc, Box::new(kc_err))
+                    (read_kubeconfig(path)?, Box::new(kc_err))
                 }
                 (None, Some(env)) => (env.kubeconfig()?, Box::new(K8sError::InCluster)),
                 (None, None) => return Ok(None),
