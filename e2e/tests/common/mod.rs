@@ -274,6 +274,21 @@ pub struct Call<'a> {
 }
 
 /// Run `binary` with the call's environment and `stdin`.
+/// Spawn `cmd`, retrying "text file busy": a script a test has just written can be held open
+/// for writing by the child of another test thread between its fork and exec.
+fn spawn_retrying_busy(cmd: &mut Command) -> std::process::Child {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.expect("spawn plugin"),
+        }
+    }
+}
+
 pub fn run(binary: &Path, call: &Call<'_>, stdin: &Value, extra_env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(binary);
     cmd.env_clear()
@@ -290,7 +305,7 @@ pub fn run(binary: &Path, call: &Call<'_>, stdin: &Value, extra_env: &[(&str, &s
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("spawn plugin");
+    let mut child = spawn_retrying_busy(&mut cmd);
     child
         .stdin
         .take()
