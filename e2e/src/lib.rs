@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod fake_kubelet;
+pub mod procfs;
 pub mod realk8s;
 
 pub use apiserver::{

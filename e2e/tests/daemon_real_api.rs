@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -65,10 +65,6 @@ fn main() -> ExitCode {
     suite.finish()
 }
 
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
-}
-
 /// A running daemon, killed on drop.
 struct Daemon {
     child: Child,
@@ -92,15 +88,7 @@ struct Node<'a> {
 
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
-        cp.apply_file(&repo("deploy/nad-crd.yaml"))?;
-        cp.apply_file(&repo("deploy/rbac.yaml"))?;
-        cp.apply_file(&repo("deploy/rbac-daemon.yaml"))?;
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
-        ])?;
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])?;
         cp.create_namespace("db")?;
         let dir = tempfile::tempdir()?;
         let token = cp.create_token("kube-system", "plexus")?;
@@ -613,19 +601,6 @@ fn gone_relist(node: &Node<'_>) -> Result<()> {
     Ok(())
 }
 
-/// `VmRSS` and `VmHWM` of a process, KiB.
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |k: &str| {
-        s.lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// The memory figure: the daemon at rest with a full node (110 pods) and 1,000 NADs
 /// in its caches (printed; the target is checked against a release build in docs/daemon.md).
 fn rss_with_caches(node: &Node<'_>) -> Result<()> {
@@ -637,7 +612,7 @@ fn rss_with_caches(node: &Node<'_>) -> Result<()> {
         node.cached_pods()?,
         node.metric("plexus_cache_objects", &["network"])?,
     );
-    let (rest0, _) = rss_kib(d.child.id());
+    let (rest0, _) = plexus_e2e::procfs::rss_kib(d.child.id());
     let nad_cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":"eth9","mode":"bridge",
         "ipam":{"type":"host-local","ranges":[[{"subnet":"10.200.0.0/16"}]]}})
     .to_string();
@@ -669,7 +644,7 @@ fn rss_with_caches(node: &Node<'_>) -> Result<()> {
                 >= nads0 + NADS as f64
     });
     std::thread::sleep(Duration::from_secs(1));
-    let (rest, peak) = rss_kib(d.child.id());
+    let (rest, peak) = plexus_e2e::procfs::rss_kib(d.child.id());
     println!(
         "    daemon RSS: {rest0} KiB before, {rest} KiB with {PODS} pods and {NADS} NADs cached (VmHWM {peak} KiB)"
     );

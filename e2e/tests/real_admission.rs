@@ -63,19 +63,11 @@ struct Rig<'a> {
 
 impl<'a> Rig<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Rig<'a>> {
-        for f in [
-            "deploy/nad-crd.yaml",
-            "deploy/rbac.yaml",
-            "deploy/rbac-dra.yaml",
-            "deploy/admission/node-restriction.yaml",
-        ] {
-            cp.apply_file(&repo(f))?;
-        }
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
+        cp.apply_deploy(&[
+            "nad-crd.yaml",
+            "rbac.yaml",
+            "rbac-dra.yaml",
+            "admission/node-restriction.yaml",
         ])?;
         cp.create_namespace("bank")?;
         let node = own_node_name();

@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{ensure, Context, Result};
@@ -84,20 +84,9 @@ struct Node<'a> {
     octet: u8,
 }
 
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
-}
-
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
-        cp.apply_file(&repo("deploy/nad-crd.yaml"))?;
-        cp.apply_file(&repo("deploy/rbac.yaml"))?;
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
-        ])?;
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml"])?;
         for ns in ["db", "other"] {
             cp.create_namespace(ns)?;
         }

@@ -10,7 +10,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{ensure, Context, Result};
@@ -70,10 +70,6 @@ fn main() -> ExitCode {
     suite.finish()
 }
 
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
-}
-
 /// The node side: fake SR-IOV hardware, plexus' dirs and kubeconfig, the NADs and DRA objects.
 struct Rig<'a> {
     cp: &'a ControlPlane,
@@ -84,19 +80,7 @@ struct Rig<'a> {
 
 impl<'a> Rig<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Rig<'a>> {
-        for f in [
-            "deploy/nad-crd.yaml",
-            "deploy/rbac.yaml",
-            "deploy/rbac-dra.yaml",
-        ] {
-            cp.apply_file(&repo(f))?;
-        }
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
-        ])?;
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-dra.yaml"])?;
         cp.create_namespace("bank")?;
         let dir = tempfile::tempdir()?;
         // As in the DaemonSet: plexus' token is bound to its pod on this node, so the API

@@ -171,16 +171,7 @@ impl<'a> Tier<'a> {
     fn install(&mut self) -> Result<()> {
         let cp = self.cp;
         // Every manifest, for real (no dry run), the README's order first.
-        for f in ["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"] {
-            cp.apply_file(&repo("deploy").join(f))
-                .with_context(|| format!("kubectl apply -f deploy/{f}"))?;
-        }
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
-        ])?;
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
         let all: Vec<PathBuf> = yaml_files(&repo("deploy"))?
             .into_iter()
             .chain(yaml_files(&repo("deploy/examples"))?)

@@ -204,20 +204,11 @@ impl<'a> Tier<'a> {
     /// DaemonSet's installer command and environment; wait until the config is in place.
     fn install(&mut self) -> Result<()> {
         let cp = self.cp;
-        for f in [
+        cp.apply_deploy(&[
             "nad-crd.yaml",
             "rbac.yaml",
             "rbac-daemon.yaml",
             "plexus-daemon-daemonset.yaml",
-        ] {
-            cp.apply_file(&repo("deploy").join(f))
-                .with_context(|| format!("kubectl apply -f deploy/{f}"))?;
-        }
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
         ])?;
         let token = cp.create_token("kube-system", "plexus")?;
         cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &token)?;

@@ -39,6 +39,18 @@ impl std::fmt::Display for RequestKey {
 /// Request counts by key.
 pub type RequestCounts = BTreeMap<RequestKey, u64>;
 
+/// A sample line after its metric name and `{`: its (verb, resource, subresource) and value.
+fn sample(rest: &str) -> Option<(RequestKey, f64)> {
+    let (labels, value) = rest.rsplit_once("} ")?;
+    let value = value.trim().parse::<f64>().ok()?;
+    let key = RequestKey::new(
+        label(labels, "verb"),
+        label(labels, "resource"),
+        label(labels, "subresource"),
+    );
+    Some((key, value))
+}
+
 /// Sum `apiserver_request_total` of a Prometheus text exposition by key (all codes).
 pub fn parse_request_totals(text: &str) -> RequestCounts {
     let mut out = RequestCounts::new();
@@ -46,17 +58,9 @@ pub fn parse_request_totals(text: &str) -> RequestCounts {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
             continue;
         };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
+        let Some((key, value)) = sample(rest) else {
             continue;
         };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let key = RequestKey::new(
-            label(labels, "verb"),
-            label(labels, "resource"),
-            label(labels, "subresource"),
-        );
         *out.entry(key).or_default() += value as u64;
     }
     out
@@ -76,17 +80,9 @@ pub fn parse_mean_durations(text: &str) -> BTreeMap<RequestKey, f64> {
             } else {
                 continue;
             };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
+        let Some((key, value)) = sample(rest) else {
             continue;
         };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let key = RequestKey::new(
-            label(labels, "verb"),
-            label(labels, "resource"),
-            label(labels, "subresource"),
-        );
         let e = sums.entry(key).or_default();
         if is_sum {
             e.0 += value;

@@ -347,6 +347,23 @@ impl ControlPlane {
         self.kubectl(&["apply", "-f", &p])
     }
 
+    /// `kubectl apply` the repository's `deploy/<file>` manifests in order (e.g. `nad-crd.yaml`,
+    /// `rbac.yaml`), then wait until the NetworkAttachmentDefinition CRD is established.
+    pub fn apply_deploy(&self, files: &[&str]) -> Result<()> {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        for f in files {
+            self.apply_file(&deploy.join(f))
+                .with_context(|| format!("kubectl apply -f deploy/{f}"))?;
+        }
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/network-attachment-definitions.k8s.cni.cncf.io",
+        ])?;
+        Ok(())
+    }
+
     /// `kubectl apply -f -` of YAML or JSON text as the admin.
     pub fn apply(&self, manifest: &str) -> Result<String> {
         self.kubectl_stdin(&["apply", "-f", "-"], Some(manifest))

@@ -274,16 +274,7 @@ impl BenchDaemon {
 
     /// `VmRSS` and `VmHWM` (peak) of the daemon, KiB.
     fn rss(&self) -> (u64, u64) {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let field = |k: &str| {
-            s.lines()
-                .find(|l| l.starts_with(k))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
+        plexus_e2e::procfs::rss_kib(self.child.id())
     }
 }
 

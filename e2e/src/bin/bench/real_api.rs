@@ -33,10 +33,6 @@ const PHASES: &[(&str, bool)] = &[
     ("event", false),
 ];
 
-fn repo(p: &str) -> String {
-    format!("{}/../{p}", env!("CARGO_MANIFEST_DIR"))
-}
-
 /// One call's closing log line: in-process milliseconds and its phases.
 #[derive(Debug, Default)]
 struct Done {
@@ -162,14 +158,7 @@ impl Bench {
             bail!("--real-api needs PLEXUS_K8S_BIN (the kube-apiserver and etcd binaries)");
         };
         let cp = ControlPlane::start(&bins)?;
-        cp.apply_file(Path::new(&repo("deploy/nad-crd.yaml")))?;
-        cp.apply_file(Path::new(&repo("deploy/rbac.yaml")))?;
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/network-attachment-definitions.k8s.cni.cncf.io",
-        ])?;
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml"])?;
         cp.create_namespace("db")?;
         let e = Env::new();
         let token = cp.create_token("kube-system", "plexus")?;
