@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and running plexus needs on Debian 12 (run as root).
 set -euo pipefail
-# etcd-server, util-linux (setpriv), xz-utils: the real-cluster tiers (kubectl comes from Kubernetes' own repository).
+# etcd-server, util-linux (setpriv), xz-utils: the real-cluster tiers (kubectl v1.36.2 comes with the
+# Kubernetes binaries in PLEXUS_K8S_BIN, ../shared/k8s/bin: never one from PATH).
 # containerd, runc, iptables (portmap), libc6-dev (gcc -static: the pause image): the node tier.
 packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils
   containerd runc iptables libc6-dev)
@@ -13,12 +14,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-# kubectl is not in Debian's archive; the machines here carry it (or a configured Kubernetes apt
-# repository provides it). Without it the real-cluster tiers say so and skip.
-if ! command -v kubectl >/dev/null 2>&1; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null 2>&1 ||
-    echo "setup: kubectl is not installable from the configured apt sources" >&2
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   if [ -x "$HOME/.cargo/bin/cargo" ]; then

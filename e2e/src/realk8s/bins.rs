@@ -7,7 +7,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// Env var naming the directory with `kube-apiserver` and `kubelet`.
+/// Env var naming the directory with `kube-apiserver`, `kubelet` and `kubectl` (and optionally
+/// `kube-scheduler`, `kube-controller-manager`).
 pub const BIN_ENV: &str = "PLEXUS_K8S_BIN";
 /// Env var that turns "binaries missing" from a skip into a failure (CI sets it to `1`).
 pub const REQUIRE_ENV: &str = "PLEXUS_K8S_REQUIRE";
@@ -23,7 +24,9 @@ pub fn required() -> bool {
 }
 
 /// The programs the harness runs from `PATH` besides the Kubernetes binaries.
-pub const TOOLS: &[&str] = &["etcd", "kubectl", "setpriv", "xz", "sha256sum"];
+/// `kubectl` is not among them: it comes from `PLEXUS_K8S_BIN` (same version as the server; a
+/// fresh Debian has none, and one found on `PATH` may be anything).
+pub const TOOLS: &[&str] = &["etcd", "setpriv", "xz", "sha256sum"];
 
 /// Which of [`TOOLS`] are not on `PATH`.
 pub fn missing_tools() -> Vec<&'static str> {
@@ -42,26 +45,44 @@ pub struct K8sBins {
     pub apiserver: PathBuf,
     /// `kubelet`
     pub kubelet: PathBuf,
+    /// `kubectl`, the server's version (never one from `PATH`)
+    pub kubectl: PathBuf,
+    /// `kube-scheduler`, when the directory has one
+    pub scheduler: Option<PathBuf>,
+    /// `kube-controller-manager`, when the directory has one
+    pub controller_manager: Option<PathBuf>,
 }
 
 impl K8sBins {
-    /// `Ok(None)` when `PLEXUS_K8S_BIN` is unset or does not hold both binaries (the caller
-    /// skips); an error when they are there but cannot be unpacked.
+    /// `Ok(None)` when `PLEXUS_K8S_BIN` is unset or does not hold `kube-apiserver`, `kubelet`
+    /// and `kubectl` (the caller skips); an error when they are there but cannot be unpacked.
     pub fn from_env() -> Result<Option<K8sBins>> {
         let Some(dir) = std::env::var_os(BIN_ENV).filter(|d| !d.is_empty()) else {
             return Ok(None);
         };
         let dir = PathBuf::from(dir);
-        let (Some(apiserver), Some(kubelet)) =
-            (find(&dir, "kube-apiserver"), find(&dir, "kubelet"))
-        else {
+        let (Some(apiserver), Some(kubelet), Some(kubectl)) = (
+            find(&dir, "kube-apiserver"),
+            find(&dir, "kubelet"),
+            find(&dir, "kubectl"),
+        ) else {
             return Ok(None);
         };
         Ok(Some(K8sBins {
             apiserver: usable(&apiserver)?,
             kubelet: usable(&kubelet)?,
+            kubectl: usable(&kubectl)?,
+            scheduler: find_usable(&dir, "kube-scheduler")?,
+            controller_manager: find_usable(&dir, "kube-controller-manager")?,
         }))
     }
+}
+
+/// `dir/name` or `dir/name.xz`, ready to run (an `.xz` one unpacked once into the target
+/// directory's cache); `Ok(None)` when neither exists. For any of `../shared`'s binary
+/// directories (Kubernetes, overlays, SR-IOV agents, peers).
+pub fn find_usable(dir: &Path, name: &str) -> Result<Option<PathBuf>> {
+    find(dir, name).map(|p| usable(&p)).transpose()
 }
 
 /// `dir/name` or `dir/name.xz`, whichever exists (plain first).

@@ -310,7 +310,7 @@ impl ControlPlane {
     pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
         use std::io::Write as _;
         use std::process::Stdio;
-        let mut cmd = Command::new("kubectl");
+        let mut cmd = Command::new(&self.bins.kubectl);
         cmd.arg(format!(
             "--kubeconfig={}",
             self.admin_kubeconfig().display()

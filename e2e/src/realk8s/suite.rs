@@ -13,7 +13,7 @@ pub fn bins_or_skip() -> Option<K8sBins> {
     let missing = bins::missing_tools();
     if !missing.is_empty() {
         let msg = format!(
-            "real-cluster tier SKIPPED: not on PATH: {} (Debian: etcd-server, kubectl, util-linux, xz-utils)",
+            "real-cluster tier SKIPPED: not on PATH: {} (Debian: etcd-server, util-linux, xz-utils)",
             missing.join(", ")
         );
         assert!(!bins::required(), "{} is set: {msg}", bins::REQUIRE_ENV);
@@ -23,7 +23,7 @@ pub fn bins_or_skip() -> Option<K8sBins> {
     match K8sBins::from_env() {
         Ok(Some(b)) => Some(b),
         Ok(None) if bins::required() => panic!(
-            "{} is set but {}={:?} does not hold kube-apiserver and kubelet",
+            "{} is set but {}={:?} does not hold kube-apiserver, kubelet and kubectl",
             bins::REQUIRE_ENV,
             bins::BIN_ENV,
             std::env::var_os(bins::BIN_ENV).unwrap_or_default()
