@@ -3,6 +3,7 @@
 //! never reads files, the environment or the network.
 
 pub mod args;
+pub mod bounds;
 pub mod error;
 pub mod limits;
 pub mod netconf;

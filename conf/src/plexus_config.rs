@@ -50,7 +50,7 @@ pub struct PlexusConfig {
     /// Directory of on-disk CNI configs for NADs with an empty spec.
     #[serde(default = "default_conf_dir")]
     pub conf_dir: String,
-    /// Plexus state directory (attachment plans, delegate result cache).
+    /// Plexus state directory (attachment plans, delegate result cache): an absolute path.
     #[serde(default = "default_cni_dir")]
     pub cni_dir: String,
     /// Directory searched for delegates before `CNI_PATH`.
@@ -130,8 +130,11 @@ pub struct PlexusConfig {
 fn default_conf_dir() -> String {
     "/etc/cni/multus/net.d".into()
 }
+/// `cniDir` when the config leaves it out.
+pub const DEFAULT_CNI_DIR: &str = "/var/lib/cni/plexus";
+
 fn default_cni_dir() -> String {
-    "/var/lib/cni/plexus".into()
+    DEFAULT_CNI_DIR.into()
 }
 fn default_bin_dir() -> String {
     "/opt/cni/bin".into()
@@ -218,12 +221,7 @@ impl PlexusConfig {
                 ),
             ));
         }
-        if c.delegate_timeout_seconds == 0 {
-            return Err(CniError::invalid_config(
-                "delegateTimeoutSeconds must be > 0",
-                "",
-            ));
-        }
+        crate::bounds::check_config(&c)?;
         Ok(c)
     }
 

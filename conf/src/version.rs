@@ -146,6 +146,33 @@ pub fn negotiate(
     })
 }
 
+/// What can be known about a conflist's version before any plugin runs: with only
+/// `cniVersion`, that plexus implements it (it is used as written); with `cniVersions`, that
+/// plexus implements at least one of the candidates (the plugins are asked at run time). A
+/// network failing this would fail its ADD after the networks before it ran, and its own
+/// rollback DEL too, so the plan refuses it first (code 1).
+pub fn precheck(cni_version: &str, cni_versions: &[String]) -> Result<(), CniError> {
+    if cni_versions.is_empty() {
+        return CniVersion::parse(cni_version).map(drop);
+    }
+    let candidates = cni_versions
+        .iter()
+        .map(String::as_str)
+        .chain((!cni_version.is_empty()).then_some(cni_version));
+    if candidates.clone().any(|c| CniVersion::parse(c).is_ok()) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        code::INCOMPATIBLE_VERSION,
+        "no CNI version of the network is supported by plexus",
+        format!(
+            "config asks for {:?}; supported versions: {}",
+            candidates.collect::<Vec<_>>(),
+            SUPPORTED.join(", ")
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +221,23 @@ mod tests {
     fn compares_numerically() {
         assert!(compare("0.10.0", "0.4.0").is_gt());
         assert!(compare("1.0.0", "1.0.0").is_eq());
+    }
+
+    #[test]
+    fn precheck_needs_one_version_plexus_implements() {
+        assert!(precheck("1.0.0", &[]).is_ok());
+        assert!(precheck("", &[]).is_ok());
+        let e = precheck("9.9.9", &[]).unwrap_err();
+        assert_eq!(e.code, 1);
+        assert!(e.msg.contains("9.9.9"), "{e}");
+        // With cniVersions one usable candidate is enough (negotiation picks it later).
+        assert!(precheck("9.9.9", &["1.0.0".into()]).is_ok());
+        assert!(precheck("", &["2.0.0".into(), "0.4.0".into()]).is_ok());
+        let e = precheck("3.0.0", &["2.0.0".into()]).unwrap_err();
+        assert_eq!(e.code, 1);
+        assert!(
+            e.details.contains("2.0.0") && e.details.contains("3.0.0"),
+            "{e}"
+        );
     }
 }

@@ -205,8 +205,10 @@ pub fn wait_ready(config: &PlexusConfig) -> Result<(), MetaError> {
         return Ok(());
     }
     let path = Path::new(&config.readiness_indicator_file);
+    // Parsing bounds the value; clamped again so a config built in code cannot overflow.
+    let max = plexus_conf::bounds::READINESS_TIMEOUT_SECONDS.1;
     let deadline =
-        std::time::Instant::now() + Duration::from_secs(config.readiness_timeout_seconds);
+        std::time::Instant::now() + Duration::from_secs(config.readiness_timeout_seconds.min(max));
     loop {
         if path.exists() {
             return Ok(());

@@ -380,6 +380,17 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
                 plugin_type: p.plugin_type().to_string(),
             });
         }
+        // A version plexus cannot speak fails now, before any delegate runs (at ADD it would
+        // fail after the networks before it were added, and so would its rollback DEL).
+        plexus_conf::version::precheck(&list.cni_version, &list.cni_versions).map_err(
+            |source| MetaError::PlanInvalid {
+                pod: ctx.clone(),
+                source: Box::new(MetaError::NetworkConfig {
+                    network: a.network.clone(),
+                    source: source.into(),
+                }),
+            },
+        )?;
     }
     apply_default_route(&mut out, &ctx)?;
     Ok(out)
@@ -654,6 +665,29 @@ mod tests {
         // Not looked up (explain): no deviceID, no error.
         let p = build_with(None, sels[..1].to_vec(), vec![a]).unwrap();
         assert!(p[1].config.get("deviceID").is_none());
+    }
+
+    #[test]
+    fn an_unsupported_cni_version_is_refused_by_the_plan() {
+        let bad = net(
+            "db/new",
+            json!({"cniVersion":"9.9.9","name":"new","type":"macvlan"}),
+        );
+        let e = plan("new", vec![bad]).unwrap_err();
+        assert_eq!(e.code(), 1, "{e:?}");
+        let c = plexus_conf::error::CniError::from(e);
+        assert!(
+            c.msg.contains("pod db/pg-0")
+                && c.msg.contains("network db/new")
+                && c.msg.contains("9.9.9"),
+            "{c}"
+        );
+        // One version plexus implements among cniVersions is enough.
+        let ok = net(
+            "db/new",
+            json!({"cniVersion":"9.9.9","cniVersions":["1.0.0"],"name":"new","type":"macvlan"}),
+        );
+        assert!(plan("new", vec![ok]).is_ok());
     }
 
     #[test]

@@ -112,29 +112,79 @@ pub fn gc_valid_list(
     }
 }
 
-/// GC: DEL every saved plan the runtime no longer lists as valid, then forward GC to every
-/// known network with the attachments still valid on it.
-pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
-    let stdin: Value = serde_json::from_slice(&args.stdin).unwrap_or(Value::Null);
-    let key = if stdin.get("cni.dev/valid-attachments").is_some() {
-        "cni.dev/valid-attachments"
-    } else {
-        "cni.dev/attachments"
+/// The GC keys of the spec: `cni.dev/valid-attachments` (CNI 1.1) and its pre-release name
+/// `cni.dev/attachments`, which libcni still sends alongside.
+const GC_KEYS: [&str; 2] = ["cni.dev/valid-attachments", "cni.dev/attachments"];
+
+/// The valid attachments of a GC's stdin, read strictly: the key is required by the spec and
+/// every entry needs a non-empty `containerID` and `ifname`. A missing key or a malformed entry
+/// is an error (7) and the GC changes nothing: read as "nothing is valid", it would DEL every
+/// live pod's networks.
+pub fn gc_valid_attachments(stdin: &[u8]) -> Result<Vec<(String, String)>, MetaError> {
+    let bad = |msg: String, details: String| MetaError::Config {
+        source: Box::new(plexus_conf::error::CniError::invalid_config(
+            format!("GC: {msg}; nothing was collected"),
+            details,
+        )),
     };
-    let valid: Vec<(String, String)> = stdin
-        .get(key)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| {
-                    Some((
-                        v.get("containerID")?.as_str()?.to_string(),
-                        v.get("ifname")?.as_str()?.to_string(),
-                    ))
-                })
-                .collect()
+    let stdin: Value = serde_json::from_slice(stdin)
+        .map_err(|e| bad("the GC configuration is not JSON".into(), e.to_string()))?;
+    let Some((key, list)) = GC_KEYS.iter().find_map(|k| stdin.get(*k).map(|v| (*k, v))) else {
+        return Err(bad(
+            format!("{} is missing", GC_KEYS[0]),
+            "the CNI spec (1.1) makes the list of valid attachments required; an empty list \
+             ([]) means that no attachment is valid"
+                .into(),
+        ));
+    };
+    let Some(list) = list.as_array() else {
+        return Err(bad(
+            format!("{key} is not a list"),
+            format!("got {}", clip(list)),
+        ));
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let field = |f: &str| {
+                v.get(f)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+            };
+            match (field("containerID"), field("ifname")) {
+                (Some(c), Some(n)) => Ok((c, n)),
+                _ => Err(bad(
+                    format!("{key}[{i}] has no containerID or no ifname"),
+                    format!(
+                        "every entry needs both as non-empty strings; got {}",
+                        clip(v)
+                    ),
+                )),
+            }
         })
-        .unwrap_or_default();
+        .collect()
+}
+
+/// A JSON value for an error message, cut at 200 bytes.
+fn clip(v: &Value) -> String {
+    let mut s = v.to_string();
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// GC: DEL every saved plan the runtime no longer lists as valid, then forward GC to every
+/// known network with the attachments still valid on it. A GC whose valid-attachment list is
+/// missing or malformed changes nothing ([`gc_valid_attachments`]).
+pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
+    let valid = gc_valid_attachments(&args.stdin)?;
     let mut errors = Vec::new();
     // Per network: its config, whether it is some pod's default network, and the attachments
     // known valid on it.
@@ -210,7 +260,7 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
 
 #[cfg(test)]
 mod tests {
-    use super::gc_valid_list;
+    use super::{gc_valid_attachments, gc_valid_list};
 
     fn p(c: &str, i: &str) -> (String, String) {
         (c.to_string(), i.to_string())
@@ -235,5 +285,47 @@ mod tests {
             gc_valid_list(false, vec![p("a", "net1")], &runtime[..1], &plans),
             Some(vec![p("a", "net1")])
         );
+    }
+
+    #[test]
+    fn gc_refuses_a_missing_or_malformed_valid_attachment_list() {
+        let ok = |s: &str| gc_valid_attachments(s.as_bytes()).unwrap();
+        let err = |s: &str| {
+            let e =
+                plexus_conf::error::CniError::from(gc_valid_attachments(s.as_bytes()).unwrap_err());
+            assert_eq!(e.code, 7, "{s}: {e}");
+            e.to_string()
+        };
+        assert_eq!(
+            ok(r#"{"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}]}"#),
+            vec![p("a", "eth0")]
+        );
+        // The legacy key, and an explicit empty list: nothing is valid, on purpose.
+        assert_eq!(
+            ok(r#"{"cni.dev/attachments":[{"containerID":"a","ifname":"net1"}]}"#),
+            vec![p("a", "net1")]
+        );
+        assert!(ok(r#"{"cni.dev/valid-attachments":[]}"#).is_empty());
+        let e = err(r#"{"name":"x"}"#);
+        assert!(
+            e.contains("cni.dev/valid-attachments is missing")
+                && e.contains("nothing was collected"),
+            "{e}"
+        );
+        let e = err(r#"{"cni.dev/valid-attachments":{"containerID":"a"}}"#);
+        assert!(e.contains("is not a list"), "{e}");
+        for bad in [
+            r#"{"containerID":"a"}"#,
+            r#"{"ifname":"eth0"}"#,
+            r#"{"containerID":"","ifname":"eth0"}"#,
+            r#"{"containerID":7,"ifname":"eth0"}"#,
+            r#""a""#,
+        ] {
+            let e = err(&format!(
+                r#"{{"cni.dev/valid-attachments":[{{"containerID":"b","ifname":"eth0"}},{bad}]}}"#
+            ));
+            assert!(e.contains("cni.dev/valid-attachments[1]"), "{e}");
+        }
+        assert!(err("{").contains("not JSON"));
     }
 }
