@@ -392,3 +392,190 @@ fn state_dir_unwritable() {
     assert_eq!(ns.links(), vec!["lo"]);
     node.del_all_and_assert_clean("ro", &ns, "read-only");
 }
+
+/// A GC (CNI 1.1) call with `extra` merged into the config.
+fn gc(node: &Node, extra: Value) -> Run {
+    let mut cfg = node.config(json!({"cniVersion":"1.1.0"}));
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        cfg[k] = v.clone();
+    }
+    run(
+        &bin("plexus"),
+        &Call {
+            command: "GC",
+            container_id: "",
+            netns: "",
+            ifname: "",
+            args: "",
+        },
+        &cfg,
+        &[],
+    )
+}
+
+#[test]
+fn gc_without_a_valid_attachment_list_changes_nothing() {
+    let node = Node::new(81);
+    node.pod("live");
+    let ns = Netns::new();
+    node.call("ADD", "live", &ns.path()).ok();
+    let mut links = ns.links();
+    links.sort();
+    assert_eq!(links, vec!["eth0", "lo", "net1"]);
+    let before = node.leftovers();
+    assert!(
+        before.iter().filter(|f| f.contains("/10.")).count() == 2,
+        "two leases: {before:?}"
+    );
+    let key = "cni.dev/valid-attachments";
+    for (what, extra) in [
+        ("no key", json!({})),
+        (
+            "not a list",
+            json!({key: {"containerID":"cid-live","ifname":"eth0"}}),
+        ),
+        ("no ifname", json!({key: [{"containerID":"cid-live"}]})),
+        (
+            "no containerID",
+            json!({key: [{"containerID":"cid-live","ifname":"eth0"},{"ifname":"eth0"}]}),
+        ),
+        (
+            "legacy key, no ifname",
+            json!({"cni.dev/attachments": [{"containerID":"x"}]}),
+        ),
+    ] {
+        let (code, msg) = error(&gc(&node, extra));
+        assert_eq!(code, 7, "{what}: {msg}");
+        assert!(msg.contains("nothing was collected"), "{what}: {msg}");
+        let mut now = ns.links();
+        now.sort();
+        assert_eq!(now, vec!["eth0", "lo", "net1"], "{what}: links");
+        assert_eq!(node.leftovers(), before, "{what}: plans and leases");
+    }
+    // A well-formed list naming the pod keeps it; then the runtime's DELs clean up.
+    gc(
+        &node,
+        json!({key: [{"containerID":"cid-live","ifname":"eth0"}]}),
+    )
+    .ok();
+    assert_eq!(node.leftovers(), before);
+    node.del_all_and_assert_clean("live", &ns, "gc");
+}
+
+/// A script that runs plexus from `cwd` (the runtime's working directory).
+fn in_dir(node: &Node, cwd: &std::path::Path) -> PathBuf {
+    let path = node.p("cwd-wrapper");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\ncd {} && exec {}\n",
+            cwd.display(),
+            bin("plexus").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn config_values_out_of_range_and_relative_cni_dir_are_clear_errors() {
+    let node = Node::new(82);
+    node.pod("bounds");
+    let ns = Netns::new();
+    let cwd = node.p("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let wrapper = in_dir(&node, &cwd);
+    for (extra, want) in [
+        (
+            json!({"readinessTimeoutSeconds":u64::MAX,"readinessindicatorfile":node.p("never")}),
+            "readinessTimeoutSeconds 18446744073709551615 is out of range",
+        ),
+        (
+            json!({"delegateTimeoutSeconds":u64::MAX}),
+            "delegateTimeoutSeconds",
+        ),
+        (json!({"podTimeoutMs":u64::MAX}), "podTimeoutMs"),
+        (
+            json!({"logOptions":{"maxBackups":u32::MAX}}),
+            "logOptions.maxBackups",
+        ),
+        (
+            json!({"cniDir":""}),
+            "cniDir \"\" is not usable: it is empty",
+        ),
+        (json!({"cniDir":"state"}), "it is a relative path"),
+    ] {
+        let r = node.call_with(
+            &wrapper,
+            "ADD",
+            "bounds",
+            &ns.path(),
+            &node.config(extra.clone()),
+        );
+        let (code, msg) = error(&r);
+        assert_eq!(code, 7, "{extra}: {msg} / {}", r.stderr);
+        assert!(msg.contains(want), "{extra}: {msg}");
+        assert_eq!(ns.links(), vec!["lo"], "{extra}");
+        assert!(
+            files_under(&cwd).is_empty(),
+            "{extra}: wrote {:?}",
+            files_under(&cwd)
+        );
+        // DEL with the same config fails the same way and writes nothing either.
+        let (code, _) = error(&node.call_with(
+            &wrapper,
+            "DEL",
+            "bounds",
+            &ns.path(),
+            &node.config(extra.clone()),
+        ));
+        assert_eq!(code, 7, "{extra}");
+        assert!(
+            files_under(&cwd).is_empty(),
+            "{extra}: DEL wrote {:?}",
+            files_under(&cwd)
+        );
+    }
+    node.del_all_and_assert_clean("bounds", &ns, "bounds");
+}
+
+#[test]
+fn a_delegate_cni_version_plexus_cannot_speak_is_refused_before_anything_runs() {
+    let node = Node::new(83);
+    let marker = node.p("toucher-ran");
+    node.script(
+        "toucher",
+        &format!(
+            r#"cat >/dev/null; [ "$CNI_COMMAND" = ADD ] && touch {}; echo '{{"cniVersion":"1.0.0"}}'"#,
+            marker.display()
+        ),
+    );
+    let toucher = json!({"cniVersion":"1.0.0","type":"toucher"});
+    node.api
+        .put_nad("db", "toucher", &toucher.to_string(), &[])
+        .unwrap();
+    let newer = json!({"cniVersion":"9.9.9","type":"macvlan","master":node.master.0,
+        "ipam":{"type":"host-local","dataDir":node.p("ipam"),"ranges":[[{"subnet":"10.83.9.0/24"}]]}});
+    node.api
+        .put_nad("db", "newer", &newer.to_string(), &[])
+        .unwrap();
+    node.api
+        .put_pod(json!({"metadata":{"name":"ver","namespace":"db","uid":"uid-ver",
+            "annotations":{NETWORKS:"toucher,newer"}},"spec":{"containers":[{"name":"c","image":"x"}]}}))
+        .unwrap();
+    let ns = Netns::new();
+    let (code, msg) = error(&node.call("ADD", "ver", &ns.path()));
+    assert_eq!(code, 1, "{msg}");
+    assert!(
+        msg.contains("pod db/ver") && msg.contains("network db/newer") && msg.contains("9.9.9"),
+        "{msg}"
+    );
+    assert!(!msg.contains("rollback"), "{msg}");
+    assert!(
+        !marker.exists(),
+        "a delegate ran before the version was checked"
+    );
+    assert_eq!(ns.links(), vec!["lo"]);
+    node.del_all_and_assert_clean("ver", &ns, "version");
+}
