@@ -71,34 +71,41 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
 /// Install the global subscriber. If the file cannot be opened, logging goes to stderr and a
 /// warning says why. Calling it twice keeps the first setup.
 pub fn init(opts: &LogOptions) {
-    let level = parse_level(&opts.level);
-    let filter = level.unwrap_or(LevelFilter::WARN);
-    let mut warn_msgs = Vec::new();
-    if level.is_none() {
-        warn_msgs.push(format!("unknown log level {:?}, using warn", opts.level));
-    }
-    let file_layer = opts.file.as_ref().and_then(|p| {
+    let mut warnings = Vec::new();
+    let file = opts.file.as_ref().and_then(|p| {
         rotate_if_needed(p, opts.max_size_mb, opts.max_backups);
-        match OpenOptions::new()
+        OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .open(p)
-        {
-            Ok(f) => Some(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .with_writer(Mutex::new(f))
-                    .with_filter(filter),
-            ),
-            Err(e) => {
-                warn_msgs.push(format!(
+            .map_err(|e| {
+                warnings.push(format!(
                     "cannot open log file {}: {e}; logging to stderr",
                     p.display()
-                ));
-                None
-            }
-        }
+                ))
+            })
+            .ok()
+    });
+    init_with_file(opts, file, warnings);
+}
+
+/// [`init`] with the log file already opened by the caller (`opts.file` is then only used to
+/// know a file was wanted: `None` here with a file wanted logs to stderr). `warnings` are
+/// logged once the subscriber is installed. For callers that open the file under their own
+/// rules (the `sriov` plugin confines a NAD's `logFile`).
+pub fn init_with_file(opts: &LogOptions, file: Option<std::fs::File>, warnings: Vec<String>) {
+    let level = parse_level(&opts.level);
+    let filter = level.unwrap_or(LevelFilter::WARN);
+    let mut warn_msgs = warnings;
+    if level.is_none() {
+        warn_msgs.push(format!("unknown log level {:?}, using warn", opts.level));
+    }
+    let file_layer = file.map(|f| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(Mutex::new(f))
+            .with_filter(filter)
     });
     let stderr_wanted = opts.to_stderr || (opts.file.is_some() && file_layer.is_none());
     let stderr_layer = stderr_wanted.then(|| {

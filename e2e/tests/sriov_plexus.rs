@@ -116,10 +116,12 @@ impl Rig {
         );
         let cid = format!("cid-{pod}");
         let (sysfs, state, pf) = (self.p("sys"), self.p("sriov-state"), self.p("pf.json"));
+        let log_dir = self.p("sriov-log");
         let env = [
             ("PLEXUS_SYSFS_ROOT", sysfs.to_str().unwrap()),
             ("PLEXUS_SRIOV_STATE_DIR", state.to_str().unwrap()),
             ("PLEXUS_SRIOV_FAKE_PF", pf.to_str().unwrap()),
+            ("PLEXUS_SRIOV_LOG_DIR", log_dir.to_str().unwrap()),
         ];
         let call = Call {
             command: cmd,
@@ -398,4 +400,111 @@ fn device_plugin_allocation_from_the_pod_resources_api() {
     rig.plexus("DEL", "grpc", &pod.path()).ok();
     assert_eq!(kubelet.requests(), 1, "DEL asks nobody");
     assert_eq!(rig.host_vf()["ifname"], "vf0");
+}
+
+/// The rig's NAD with `extra` keys and host-local IPAM (leases under `vf-ipam`).
+fn put_nad_with(rig: &Rig, extra: Value) {
+    let mut nad = json!({"cniVersion":"1.0.0","type":"sriov","deviceID":VF0,"vlan":100,
+        "ipam":{"type":"host-local","dataDir":rig.p("vf-ipam"),"ranges":[[{"subnet":"10.56.219.0/24"}]]}});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        nad[k] = v.clone();
+    }
+    rig.api
+        .put_nad("bank", "sriov-data", &nad.to_string(), &[])
+        .unwrap();
+}
+
+fn leases(rig: &Rig) -> Vec<String> {
+    let mut v = files_under(&rig.p("vf-ipam"));
+    v.retain(|f| f.contains("10.56.219."));
+    v
+}
+
+#[test]
+fn sriov_del_with_a_corrupt_state_file_still_releases_ipam() {
+    let rig = Rig::new();
+    put_nad_with(&rig, json!({}));
+    let pod = Netns::new();
+    rig.pod("pg-c");
+    rig.plexus("ADD", "pg-c", &pod.path()).ok();
+    assert_eq!(
+        leases(&rig).len(),
+        1,
+        "{:?}",
+        files_under(&rig.p("vf-ipam"))
+    );
+    let state = rig.p("sriov-state/cid-pg-c-net1.json");
+    assert!(state.exists());
+    assert!(rig.p(&format!("sriov-state/pci/{VF0}.json")).exists());
+    std::fs::write(&state, b"\x00\x01{trunc").unwrap();
+    // The runtime's DEL succeeds, releases the lease and the VF, and keeps the file aside.
+    rig.plexus("DEL", "pg-c", &pod.path()).ok();
+    assert!(leases(&rig).is_empty(), "{:?}", leases(&rig));
+    assert!(!state.exists());
+    assert!(rig.p("sriov-state/cid-pg-c-net1.json.corrupt").exists());
+    assert!(!rig.p(&format!("sriov-state/pci/{VF0}.json")).exists());
+    rig.plexus("DEL", "pg-c", &pod.path()).ok();
+    rig.plexus("DEL", "pg-c", "").ok();
+    assert!(files_under(&rig.p("state/plans")).is_empty());
+}
+
+#[test]
+fn a_nad_log_file_cannot_steer_root_writes() {
+    use std::os::unix::fs::PermissionsExt;
+    let rig = Rig::new();
+    let dir = rig.p("sriov-log");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let target = rig.p("target");
+    std::fs::write(&target, b"keep").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&target, dir.join("link.log")).unwrap();
+    std::fs::write(dir.join("old.log"), b"").unwrap();
+    std::fs::set_permissions(dir.join("old.log"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let outside = rig.p("outside.log");
+    for (i, (file, written)) in [
+        (outside.clone(), None),
+        (dir.join("link.log"), None),
+        (dir.join("../outside.log"), None),
+        (dir.join("old.log"), Some(dir.join("old.log"))),
+        (dir.join("new.log"), Some(dir.join("new.log"))),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        put_nad_with(&rig, json!({"logFile": file, "logLevel": "debug"}));
+        let pod = Netns::new();
+        let name = format!("pg-log{i}");
+        rig.pod(&name);
+        // The key is accepted: the attachment works either way.
+        rig.plexus("ADD", &name, &pod.path()).ok();
+        rig.plexus("DEL", &name, &pod.path()).ok();
+        assert!(
+            !outside.exists(),
+            "{}: wrote outside the log dir",
+            file.display()
+        );
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            b"keep",
+            "{}",
+            file.display()
+        );
+        assert_eq!(mode(&target), 0o644, "{}", file.display());
+        match written {
+            Some(p) => {
+                assert!(std::fs::metadata(&p).unwrap().len() > 0, "{}", p.display());
+                assert_eq!(mode(&p), 0o600, "{}", p.display());
+            }
+            None => {
+                let log = std::fs::read_to_string(rig.p("plexus.log")).unwrap_or_default();
+                assert!(
+                    log.contains(&format!("logFile {} refused", file.display())),
+                    "{}: no warning in the plexus log",
+                    file.display()
+                );
+            }
+        }
+    }
 }

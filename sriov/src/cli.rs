@@ -2,12 +2,12 @@
 //! via the shared skel. The shipped binary runs it with the node's settings only; test builds
 //! (feature `testkit`) have a second binary that adds the fake sysfs and PF.
 
-use crate::{list_main, Settings, SriovPlugin};
+use crate::{list_main, logfile, Settings, SriovPlugin};
 use plexus_delegates::logging::{self, LogOptions};
 use plexus_delegates::skel;
 
 /// Log options from the config's `logLevel`/`logFile` (sriov-cni keys); stdin is peeked here
-/// only for logging, the skel parses it again.
+/// only for logging, the skel parses it again. The file is not opened here: see [`init_logging`].
 fn log_options(stdin: &[u8]) -> LogOptions {
     let v: serde_json::Value = serde_json::from_slice(stdin).unwrap_or_default();
     let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
@@ -19,9 +19,23 @@ fn log_options(stdin: &[u8]) -> LogOptions {
         },
         to_stderr: file.is_empty(),
         file: (!file.is_empty()).then(|| file.into()),
-        // Like sriov-cni: no rotation unless configured elsewhere (logrotate).
+        // Never rotated: sriov appends and leaves rotation to logrotate.
         ..LogOptions::default()
     }
+}
+
+/// Logging for a CNI call: the config's `logFile` only when [`logfile::open`] accepts it under
+/// the node's log directory, otherwise stderr with a warning saying why.
+fn init_logging(stdin: &[u8], settings: &Settings) {
+    let opts = log_options(stdin);
+    let (file, warnings) = match &opts.file {
+        None => (None, Vec::new()),
+        Some(p) => match logfile::open(&settings.log_dir(), p) {
+            Ok(f) => (Some(f), Vec::new()),
+            Err(why) => (None, vec![why]),
+        },
+    };
+    logging::init_with_file(&opts, file, warnings);
 }
 
 const USAGE: &str = "usage: sriov list [--json] [--sysfs-root DIR] [--state-dir DIR]
@@ -29,7 +43,7 @@ const USAGE: &str = "usage: sriov list [--json] [--sysfs-root DIR] [--state-dir 
        sriov (run by the container runtime or plexus with CNI_COMMAND set and the config on stdin)";
 
 /// The shipped `sriov` binary's main (src/main.rs calls it; the e2e tests' `e2e-sriov` wrapper
-/// too): the node's settings (`PLEXUS_SRIOV_STATE_DIR`) and nothing else from the environment —
+/// too): the node's settings (`PLEXUS_SRIOV_STATE_DIR`, `PLEXUS_SRIOV_LOG_DIR`) and nothing else from the environment —
 /// no test seam can be switched on here.
 pub fn sriov_main() {
     main(Settings::from_env(|k| std::env::var(k).ok()));
@@ -84,7 +98,7 @@ pub fn main(settings: Settings) {
         Ok(b) => b,
         Err(e) => std::process::exit(skel::print_read_error(e)),
     };
-    logging::init(&log_options(&stdin));
+    init_logging(&stdin, &settings);
     let plugin = SriovPlugin { settings };
     let o = skel::dispatch(&plugin, |k| std::env::var(k).ok(), stdin);
     if !o.stdout.is_empty() {

@@ -14,6 +14,8 @@ pub struct Settings {
     pub sysfs_root: Option<PathBuf>,
     /// `PLEXUS_SRIOV_STATE_DIR`.
     pub state_dir: Option<PathBuf>,
+    /// `PLEXUS_SRIOV_LOG_DIR`: the only directory a config's `logFile` may name a file in.
+    pub log_dir: Option<PathBuf>,
     /// Test builds only: a JSON VF table file used instead of netlink.
     #[cfg(feature = "testkit")]
     pub fake_pf: Option<PathBuf>,
@@ -24,10 +26,11 @@ fn env_path(env: &impl Fn(&str) -> Option<String>, k: &str) -> Option<PathBuf> {
 }
 
 impl Settings {
-    /// The shipped binary's settings: only `PLEXUS_SRIOV_STATE_DIR`.
+    /// The shipped binary's settings: only `PLEXUS_SRIOV_STATE_DIR` and `PLEXUS_SRIOV_LOG_DIR`.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Settings {
         Settings {
             state_dir: env_path(&env, "PLEXUS_SRIOV_STATE_DIR"),
+            log_dir: env_path(&env, "PLEXUS_SRIOV_LOG_DIR"),
             ..Settings::default()
         }
     }
@@ -39,8 +42,18 @@ impl Settings {
         Settings {
             sysfs_root: env_path(&env, "PLEXUS_SYSFS_ROOT"),
             state_dir: env_path(&env, "PLEXUS_SRIOV_STATE_DIR"),
+            log_dir: env_path(&env, "PLEXUS_SRIOV_LOG_DIR"),
             fake_pf: env_path(&env, "PLEXUS_SRIOV_FAKE_PF"),
         }
+    }
+}
+
+impl Settings {
+    /// The directory a config's `logFile` must be in.
+    pub fn log_dir(&self) -> PathBuf {
+        self.log_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(crate::logfile::DEFAULT_LOG_DIR))
     }
 }
 

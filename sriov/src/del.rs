@@ -13,7 +13,7 @@ use crate::error::SriovError;
 use crate::netconf::NetConf;
 use crate::nl::Netlink;
 use crate::restore;
-use crate::vf_state::{NetdevOrig, VfState};
+use crate::vf_state::{self, NetdevOrig, VfState};
 
 fn combine(mut errs: Vec<SriovError>) -> Result<(), SriovError> {
     match errs.len() {
@@ -25,7 +25,11 @@ fn combine(mut errs: Vec<SriovError>) -> Result<(), SriovError> {
 
 /// Runs DEL for (CNI_CONTAINERID, CNI_IFNAME).
 pub fn del(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<(), SriovError> {
-    let Some(st) = ctx.store.load(&args.container_id, &args.ifname)? else {
+    let loaded = match ctx.store.load(&args.container_id, &args.ifname) {
+        Err(e) if vf_state::is_corrupt(&e) => return del_without_state(ctx, args, conf, e),
+        other => other?,
+    };
+    let Some(st) = loaded else {
         // Nothing attached (DEL without ADD, a repeated DEL, or a failed ADD that rolled back).
         // Still release IPAM: sriov-cni skips it here and leaks the address (#178).
         if let Some(t) = &conf.ipam_type {
@@ -45,6 +49,39 @@ pub fn del(ctx: &Ctx<'_>, args: &CmdArgs, conf: &NetConf) -> Result<(), SriovErr
         ctx.store.remove(&st.container_id, &st.ifname)?;
     }
     combine(errs)
+}
+
+/// DEL whose state file cannot be decoded. The VF's saved PF-side settings and netdev name are
+/// lost with it and cannot be restored (a warning says so; the kernel returns the netdev to the
+/// host when the pod's netns goes), but everything else is done: IPAM is released from the
+/// config's `ipam`, the allocation records naming this attachment are cleared (the VF is not
+/// held forever) and the file is moved aside (`.corrupt`) for the operator. Only an IPAM
+/// release that fails keeps it all for the runtime's retry.
+fn del_without_state(
+    ctx: &Ctx<'_>,
+    args: &CmdArgs,
+    conf: &NetConf,
+    cause: SriovError,
+) -> Result<(), SriovError> {
+    tracing::warn!(container = %args.container_id, ifname = %args.ifname, %cause,
+        "state file unusable: releasing IPAM and the VF record; the VF's PF-side settings and \
+         netdev name cannot be restored");
+    if let Some(t) = &conf.ipam_type {
+        ipam::del(t, args, &args.stdin).map_err(SriovError::Ipam)?;
+    }
+    for vf in ctx.store.allocations_of(&args.container_id, &args.ifname) {
+        let _lock = ctx.store.lock_vf(&vf)?;
+        let still_ours = matches!(ctx.store.allocation(&vf), Ok(Some(a))
+            if a.container_id == args.container_id && a.ifname == args.ifname);
+        if still_ours {
+            ctx.store.clear_allocation(&vf)?;
+            tracing::warn!(%vf, "VF released without its saved state: check its VLAN, MAC, \
+                rate, trust and spoof-check settings on the PF");
+        }
+    }
+    let kept = ctx.store.quarantine(&args.container_id, &args.ifname)?;
+    tracing::warn!(file = %kept.display(), "unusable state file kept for inspection");
+    Ok(())
 }
 
 /// Restores the VF of `st` unless the allocation record says another attachment holds it now

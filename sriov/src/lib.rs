@@ -15,6 +15,7 @@ pub mod garp;
 pub mod gc;
 pub mod ipconf;
 pub mod list;
+pub mod logfile;
 pub mod netconf;
 pub mod nl;
 pub mod owner;

@@ -99,6 +99,18 @@ pub struct Allocation {
     pub netns: String,
 }
 
+/// Whether `e` (from [`StateStore::load`]) means the state file exists but cannot be used:
+/// undecodable, or over its size cap. DEL then does what it can without it.
+pub fn is_corrupt(e: &SriovError) -> bool {
+    match e {
+        SriovError::Io { what, source, .. } => {
+            *what == "decode"
+                || (*what == "read" && source.kind() == std::io::ErrorKind::InvalidData)
+        }
+        _ => false,
+    }
+}
+
 /// The state directory.
 #[derive(Clone, Debug)]
 pub struct StateStore {
@@ -191,6 +203,37 @@ impl StateStore {
         Ok(out)
     }
 
+    /// Moves the state file of (container, ifname) aside as `<name>.json.corrupt` (kept for
+    /// the operator, no longer read by DEL, GC or `sriov list`); returns the new path.
+    pub fn quarantine(&self, container_id: &str, ifname: &str) -> Result<PathBuf, SriovError> {
+        let p = self.state_path(container_id, ifname);
+        let mut to = p.clone().into_os_string();
+        to.push(".corrupt");
+        let to = PathBuf::from(to);
+        std::fs::rename(&p, &to).map_err(io("move aside", &p))?;
+        Ok(to)
+    }
+
+    /// The VFs whose allocation record names (container, ifname); unreadable records are
+    /// skipped.
+    pub fn allocations_of(&self, container_id: &str, ifname: &str) -> Vec<String> {
+        let dir = self.dir.join("pci");
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let vf = name.strip_suffix(".json")?.to_string();
+                let a = self.allocation(&vf).ok()??;
+                (a.container_id == container_id && a.ifname == ifname).then_some(vf)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Records that `alloc` holds `vf_pci`.
     pub fn set_allocation(&self, vf_pci: &str, alloc: &Allocation) -> Result<(), SriovError> {
         self.write_json(&self.alloc_path(vf_pci), alloc)
@@ -259,5 +302,35 @@ mod tests {
         assert_eq!(store.allocation("0000:af:06.0").unwrap(), Some(a));
         store.clear_allocation("0000:af:06.0").unwrap();
         assert_eq!(store.allocation("0000:af:06.0").unwrap(), None);
+    }
+
+    #[test]
+    fn corrupt_state_is_recognised_and_moved_aside() {
+        let d = tempfile::tempdir().unwrap();
+        let store = StateStore::new(d.path());
+        std::fs::write(store.state_path("c1", "net1"), b"\x00{trunc").unwrap();
+        let e = store.load("c1", "net1").unwrap_err();
+        assert!(is_corrupt(&e), "{e}");
+        assert!(!is_corrupt(&SriovError::io(
+            "read",
+            "/x",
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied)
+        )));
+        let to = store.quarantine("c1", "net1").unwrap();
+        assert!(to.to_string_lossy().ends_with("c1-net1.json.corrupt"));
+        assert_eq!(store.load("c1", "net1").unwrap(), None);
+        assert!(store.all().unwrap().is_empty());
+        let a = |c: &str| Allocation {
+            container_id: c.into(),
+            ifname: "net1".into(),
+            netns: "n".into(),
+        };
+        store.set_allocation("0000:af:06.1", &a("c1")).unwrap();
+        store.set_allocation("0000:af:06.0", &a("c1")).unwrap();
+        store.set_allocation("0000:af:06.2", &a("c2")).unwrap();
+        assert_eq!(
+            store.allocations_of("c1", "net1"),
+            vec!["0000:af:06.0", "0000:af:06.1"]
+        );
     }
 }
