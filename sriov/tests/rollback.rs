@@ -30,6 +30,7 @@ fn add_failing_at_each_pf_call_leaves_everything_as_before() {
     let settings = Settings {
         sysfs_root: Some(env.sysfs()),
         state_dir: Some(env.state_dir()),
+        log_dir: None,
         fake_pf: None,
     };
     let ctx = Ctx::new(&pf, &settings, Some(&nc));
