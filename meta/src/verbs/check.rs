@@ -117,7 +117,8 @@ pub fn gc_valid_list(
 const GC_KEYS: [&str; 2] = ["cni.dev/valid-attachments", "cni.dev/attachments"];
 
 /// The valid attachments of a GC's stdin, read strictly: the key is required by the spec and
-/// every entry needs a non-empty `containerID` and `ifname`. A missing key or a malformed entry
+/// every entry needs a non-empty `containerID` and `ifname` (`[]`, or `null` as Go encodes an
+/// empty list, means none is valid). A missing key or a malformed entry
 /// is an error (7) and the GC changes nothing: read as "nothing is valid", it would DEL every
 /// live pod's networks.
 pub fn gc_valid_attachments(stdin: &[u8]) -> Result<Vec<(String, String)>, MetaError> {
@@ -137,6 +138,10 @@ pub fn gc_valid_attachments(stdin: &[u8]) -> Result<Vec<(String, String)>, MetaE
                 .into(),
         ));
     };
+    // Go runtimes (libcni's GCArgs) encode an empty valid list as `null`: no pod on the node.
+    if list.is_null() {
+        return Ok(Vec::new());
+    }
     let Some(list) = list.as_array() else {
         return Err(bad(
             format!("{key} is not a list"),
@@ -306,6 +311,7 @@ mod tests {
             vec![p("a", "net1")]
         );
         assert!(ok(r#"{"cni.dev/valid-attachments":[]}"#).is_empty());
+        assert!(ok(r#"{"cni.dev/valid-attachments":null}"#).is_empty());
         let e = err(r#"{"name":"x"}"#);
         assert!(
             e.contains("cni.dev/valid-attachments is missing")
