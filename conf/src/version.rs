@@ -116,7 +116,7 @@ pub fn negotiate(
     plugin_supports: &[Vec<String>],
 ) -> Result<CniVersion, CniError> {
     let mut candidates: Vec<&str> = cni_versions.iter().map(String::as_str).collect();
-    if !cni_version.is_empty() {
+    if !cni_version.is_empty() && !candidates.contains(&cni_version) {
         candidates.push(cni_version);
     }
     let mut best: Option<CniVersion> = None;

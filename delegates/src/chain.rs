@@ -113,6 +113,18 @@ impl Runtime {
     /// error stops the chain (the caller runs DEL to clean up). The final result is cached.
     pub fn add(&self, list: &NetConfList, att: &Attachment) -> Result<CniResult, CniError> {
         let ver = self.negotiate(list)?;
+        self.add_at(list, att, ver)
+    }
+
+    /// [`Runtime::add`] at a version the caller already negotiated ([`Runtime::negotiate`]),
+    /// so a caller can tell "no version to run at" (nothing ran, nothing to undo) from a
+    /// failure of the chain itself.
+    pub fn add_at(
+        &self,
+        list: &NetConfList,
+        att: &Attachment,
+        ver: CniVersion,
+    ) -> Result<CniResult, CniError> {
         let mut prev: Option<Value> = None;
         for i in 0..list.plugins.len() {
             let out = self.run_plugin(list, i, Verb::Add, ver, att, prev.as_ref())?;

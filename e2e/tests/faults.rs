@@ -579,3 +579,35 @@ fn a_delegate_cni_version_plexus_cannot_speak_is_refused_before_anything_runs() 
     assert_eq!(ns.links(), vec!["lo"]);
     node.del_all_and_assert_clean("ver", &ns, "version");
 }
+
+/// `cniVersions` with a version plexus speaks but the plugin's VERSION answer does not: known
+/// only when the plugins are asked at ADD; that network ran nothing, so its rollback is not
+/// attempted (it would fail the same way) and the networks before it are rolled back.
+#[test]
+fn no_version_common_with_the_plugin_rolls_back_the_networks_before_it_cleanly() {
+    let node = Node::new(84);
+    node.script(
+        "oldie",
+        r#"cat >/dev/null; echo '{"cniVersion":"0.1.0","supportedVersions":["0.1.0"]}'"#,
+    );
+    let oldie = json!({"cniVersion":"1.0.0","cniVersions":["1.0.0"],"type":"oldie"});
+    node.api
+        .put_nad("db", "oldie", &oldie.to_string(), &[])
+        .unwrap();
+    node.api
+        .put_pod(
+            json!({"metadata":{"name":"nego","namespace":"db","uid":"uid-nego",
+            "annotations":{NETWORKS:"mv,oldie"}},"spec":{"containers":[{"name":"c","image":"x"}]}}),
+        )
+        .unwrap();
+    let ns = Netns::new();
+    let (code, msg) = error(&node.call("ADD", "nego", &ns.path()));
+    assert_eq!(code, 1, "{msg}");
+    assert!(
+        msg.contains("pod db/nego") && msg.contains("network db/oldie"),
+        "{msg}"
+    );
+    assert!(!msg.contains("rollback"), "{msg}");
+    assert_eq!(ns.links(), vec!["lo"]);
+    node.del_all_and_assert_clean("nego", &ns, "negotiation");
+}

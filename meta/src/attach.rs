@@ -110,10 +110,17 @@ pub fn add_all(
                     ifname: a.ifname.clone(),
                 });
             }
-            undo.push(i);
-            let mut result = rt.add(list, att).map_err(|source| MetaError::Delegate {
+            // No common version (the plugins' VERSION answers): no plugin of this network ran,
+            // so it has nothing to roll back (its DEL would fail the same way).
+            let ver = rt.negotiate(list).map_err(|source| MetaError::Delegate {
                 source: source.into(),
             })?;
+            undo.push(i);
+            let mut result = rt
+                .add_at(list, att, ver)
+                .map_err(|source| MetaError::Delegate {
+                    source: source.into(),
+                })?;
             apply_routes(rt, a, &list.name, att, netns, &mut result)?;
             Ok(result)
         })();
