@@ -217,6 +217,14 @@ impl KubeClient {
         KubeClient { transport, opts }
     }
 
+    /// The same connection with other options (e.g. one quick attempt for a DEL).
+    pub fn with_options(&self, opts: ClientOptions) -> Self {
+        KubeClient {
+            transport: Arc::clone(&self.transport),
+            opts,
+        }
+    }
+
     /// The options in use.
     pub fn options(&self) -> &ClientOptions {
         &self.opts

@@ -26,6 +26,7 @@ mod events;
 mod http1;
 mod kube_transport;
 mod nads;
+pub mod names;
 mod pods;
 mod retry;
 mod status;

@@ -257,14 +257,24 @@ fn rebuild(
     label: &str,
 ) -> Result<Vec<PlannedAttachment>, MetaError> {
     tracing::info!(container = %args.container_id, "no saved plan: rebuilding it for DEL");
-    let pod = id.and_then(|id| inputs.pod(ctx, id).ok().flatten());
+    // One quick attempt: an API server that is down must not hold the pod's teardown, and
+    // then the NADs are not asked for either.
+    let mut api_down = false;
+    let pod = match id {
+        Some(id) => inputs.pod_quick(ctx, id).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the pod; rebuilding from the static config");
+            api_down = true;
+            None
+        }),
+        None => None,
+    };
     let requests = planner::requests(&ctx.config, pod.as_ref()).unwrap_or_default();
     let refs = planner::nad_refs(
         &requests,
         pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
     );
     // Without a pod identity there is no API to ask (as at ADD).
-    let nads = if refs.is_empty() || id.is_none() {
+    let nads = if refs.is_empty() || id.is_none() || api_down {
         planner::NadMap::new()
     } else {
         inputs.nads(ctx, &refs, label).unwrap_or_default()
@@ -381,6 +391,50 @@ mod tests {
         // The cached entry's config and CNI_ARGS are what DEL runs.
         assert_eq!(plan[1].config["type"], "macvlan");
         assert_eq!(plan[1].cni_args, "K8S_POD_NAME=p");
+    }
+
+    /// A DEL without a plan while the API server is down asks it once (no retry budget: DEL
+    /// must not keep a pod's teardown waiting) and does not go on to the NADs.
+    #[test]
+    fn a_del_without_a_plan_asks_a_down_api_once() {
+        use crate::inputs::api::ApiInputs;
+        use crate::k8s::testutil::{json_response, MockApi};
+        use plexus_delegates::skel::Command;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _in_rt = rt.enter();
+        let mock = MockApi::repeating(json_response(
+            503,
+            r#"{"kind":"Status","code":503,"reason":"ServiceUnavailable","message":"down"}"#,
+        ));
+        let t = tempfile::tempdir().unwrap();
+        let config = format!(
+            r#"{{"cniVersion":"1.0.0","name":"p","type":"plexus","cniDir":"{}","binDir":"{}",
+               "delegates":[{{"cniVersion":"1.0.0","name":"cbr0","type":"not-installed"}}]}}"#,
+            t.path().join("state").display(),
+            t.path().display()
+        );
+        let args = CmdArgs {
+            command: Command::Del,
+            container_id: "c1".into(),
+            netns: String::new(),
+            ifname: "eth0".into(),
+            args: "K8S_POD_NAMESPACE=db;K8S_POD_NAME=p;K8S_POD_UID=u1".into(),
+            path: vec![],
+            stdin: config.into_bytes(),
+        };
+        let mut ctx = Ctx::new(&args, None)
+            .unwrap()
+            .with_shared(rt.handle().clone(), Some(mock.client()));
+        let started = std::time::Instant::now();
+        del(&mut ctx, &mut ApiInputs, &args).unwrap();
+        let took = started.elapsed();
+        let reqs = mock.requests();
+        assert_eq!(reqs.len(), 1, "{reqs:?}");
+        assert!(took < std::time::Duration::from_millis(1000), "{took:?}");
     }
 
     #[test]
