@@ -207,7 +207,9 @@ pub fn die_with_parent(cmd: &mut Command) {
                 return Err(std::io::Error::last_os_error());
             }
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                return Err(std::io::Error::other("plexus exited before the plugin started"));
+                return Err(std::io::Error::other(
+                    "plexus exited before the plugin started",
+                ));
             }
             Ok(())
         });
@@ -253,7 +255,7 @@ fn run(
     let started = Instant::now();
     let mut child = spawn(binary, verb, env).map_err(|e| {
         CniError::new(
-            code::INTERNAL,
+            spawn_failure_code(&e),
             "failed to start plugin",
             format!("{}: {e}", binary.display()),
         )
@@ -344,6 +346,18 @@ fn run(
         stdout,
         stderr,
     })
+}
+
+/// The code for a plugin that could not be started: 11 (try again later) when the node is
+/// short of something for a moment — processes (`EAGAIN`), memory, file descriptors, or the
+/// binary is still being written (`ETXTBSY` after the retries) — else 999.
+fn spawn_failure_code(e: &std::io::Error) -> u32 {
+    match e.raw_os_error() {
+        Some(
+            libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::ETXTBSY | libc::EINTR,
+        ) => code::TRY_AGAIN_LATER,
+        _ => code::INTERNAL,
+    }
 }
 
 fn kill_group(pid: u32) {
@@ -565,7 +579,11 @@ mod tests {
             &format!("echo $$ > {}; exec sleep 30", marker.display()),
         );
         let mut helper = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "exec::tests::pdeathsig_parent_helper", "--nocapture"])
+            .args([
+                "--exact",
+                "exec::tests::pdeathsig_parent_helper",
+                "--nocapture",
+            ])
             .env("PLEXUS_PDEATHSIG_PLUGIN", &p)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -602,6 +620,26 @@ mod tests {
             );
         }
         assert!(!survived, "the delegate {pid} outlived its killed parent");
+    }
+
+    /// A start failure the node recovers from (here: the binary is still open for writing, so
+    /// exec gives ETXTBSY after every retry) is code 11, not an internal error.
+    #[test]
+    fn a_transient_start_failure_is_try_again_later() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(t.path(), "busy", "exit 0");
+        let _writer = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e:?}");
+        assert_eq!(e.msg, "plugin busy ADD: failed to start plugin");
+        assert_eq!(
+            spawn_failure_code(&std::io::Error::from_raw_os_error(libc::EAGAIN)),
+            code::TRY_AGAIN_LATER
+        );
+        assert_eq!(
+            spawn_failure_code(&std::io::Error::from_raw_os_error(libc::EPERM)),
+            code::INTERNAL
+        );
     }
 
     #[test]
