@@ -823,3 +823,88 @@ fn status_refused_after_the_event_undoes_and_warns() {
     node.call("DEL", "cid-refused", &ns.path(), &args).ok();
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 }
+
+/// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` go into API paths: a value that would address another
+/// object is refused with code 4 before any request, and nothing is attached.
+#[test]
+fn pod_names_that_address_another_object_are_refused() {
+    let node = Node::new(44);
+    node.pod("db", "victim", json!({}));
+    for (ns, name) in [
+        ("db", "../../namespaces/kube-system/pods/victim"),
+        ("db", "victim?dryRun=All"),
+        ("db", "victim/status"),
+        ("db/pods/victim", "x"),
+        ("DB", "victim"),
+    ] {
+        let netns = Netns::new();
+        node.api.clear_requests();
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}");
+        let r = node.call("ADD", "cid-bad-name", &netns.path(), &args);
+        let e = r.err();
+        assert_eq!(e["code"], 4, "{ns}/{name}: {e}");
+        assert!(
+            e["msg"]
+                .as_str()
+                .unwrap()
+                .contains("is not a Kubernetes name"),
+            "{e}"
+        );
+        assert!(
+            node.api.requests().is_empty(),
+            "{ns}/{name}: {:?}",
+            node.api.requests()
+        );
+        assert_eq!(netns.links(), vec!["lo"]);
+        node.call("DEL", "cid-bad-name", &netns.path(), &args).ok();
+        assert!(node.leftovers().iter().all(|f| !f.starts_with("plans")));
+    }
+}
+
+/// A 404 for a path the API server does not serve (a kubeconfig `server` with a wrong path
+/// prefix) is an error, not "the pod was deleted" (which gave the pod its default network only).
+#[test]
+fn a_404_for_a_wrong_server_path_fails_the_add() {
+    let node = Node::new(45);
+    let uid = node.pod("db", "wrongpath", json!({NETWORKS: "mv"}));
+    let kc = node
+        .api
+        .kubeconfig_yaml("node-token")
+        .replace(&node.api.url(), &format!("{}/not-the-api", node.api.url()));
+    std::fs::write(node.path("kubeconfig"), kc).unwrap();
+    let netns = Netns::new();
+    let args = Node::args("db", "wrongpath", &uid);
+    let r = node.call("ADD", "cid-wrongpath", &netns.path(), &args);
+    let e = r.err();
+    assert_eq!(e["code"], 102, "{e}");
+    assert!(e["details"].as_str().unwrap().contains("HTTP 404"), "{e}");
+    assert_eq!(netns.links(), vec!["lo"], "nothing ran");
+    node.call("DEL", "cid-wrongpath", &netns.path(), &args).ok();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+/// A DEL without its plan while the API server is down asks it once and does not wait out the
+/// ADD's retry budget (it took 2.3 s over 10 requests); the cached results still clean up.
+#[test]
+fn del_without_a_plan_does_not_wait_for_a_down_api() {
+    let node = Node::new(46);
+    node.macvlan_nad("db", "mv", node.host_local("10.146.0.0/24"));
+    let uid = node.pod("db", "quickdel", json!({NETWORKS: "mv"}));
+    let netns = Netns::new();
+    let args = Node::args("db", "quickdel", &uid);
+    node.call("ADD", "cid-quickdel", &netns.path(), &args).ok();
+    std::fs::remove_dir_all(node.path("state/plans")).unwrap();
+    node.api.down();
+    let started = std::time::Instant::now();
+    node.call("DEL", "cid-quickdel", &netns.path(), &args).ok();
+    let took = started.elapsed();
+    node.api.up().unwrap();
+    assert!(took < std::time::Duration::from_millis(1500), "{took:?}");
+    assert_eq!(netns.links(), vec!["lo"]);
+    let left: Vec<String> = node
+        .leftovers()
+        .into_iter()
+        .filter(|f| !f.starts_with("locks"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
