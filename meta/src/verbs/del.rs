@@ -1,8 +1,9 @@
 //! DEL: undo everything from the plan saved at ADD, with no API request (the inputs stage is
 //! skipped; the report stage only releases DRA claims' network data). Without a usable plan
 //! the networks are taken from the delegates' result cache (each entry holds the exact config
-//! its network was added with) and from a plan rebuilt from the API when reachable, else from
-//! the static config; cleanup still runs. Repeated DELs succeed at once.
+//! its network was added with) and from a plan rebuilt from the API when it answers at once (one
+//! attempt, no retry budget: [`Inputs::pod_quick`]), else from the static config; cleanup still
+//! runs. Repeated DELs succeed at once.
 //!
 //! When a delegate DEL fails the plan is kept and the error returned, so the runtime's retry
 //! runs the same plan again. With `retryDeleteOnError` (Multus' name) that goes on until it
