@@ -26,6 +26,7 @@ use plexus_conf::error::code;
 use plexus_delegates::cache::CachedAttachment;
 use plexus_delegates::netns::NetNs;
 use plexus_delegates::skel::CmdArgs;
+use std::path::Path;
 
 /// Failed DEL attempts after which plexus stops retrying (without `retryDeleteOnError`).
 pub const MAX_DEL_ATTEMPTS: u32 = 3;
@@ -78,6 +79,9 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
         .deleted(&args.container_id, &args.ifname, has_netns)
     {
         return Ok(());
+    }
+    if lock.is_some() {
+        kill_orphaned_adds(Path::new("/proc"), &args.container_id);
     }
     let saved = match ctx.store.load(&args.container_id, &args.ifname) {
         Ok(p) => p,
@@ -156,6 +160,57 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
             Err(e)
         }
     }
+}
+
+/// Kill what is left of an ADD for this container whose plexus died (SIGKILL, OOM kill): the
+/// delegates themselves die with plexus (parent-death signal), but their own children — an IPAM
+/// plugin — do not, and would finish the ADD after this DEL (a leaked lease). Under the
+/// container lock no live ADD runs, so every process whose environment has `CNI_COMMAND=ADD`
+/// and this `CNI_CONTAINERID` is such an orphan. Returns how many were killed.
+fn kill_orphaned_adds(proc_root: &Path, container_id: &str) -> usize {
+    let _phase = plexus_delegates::timing::phase("orphan_scan");
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return 0;
+    };
+    let me = std::process::id();
+    let want_id = format!("CNI_CONTAINERID={container_id}");
+    let mut killed = Vec::new();
+    for pid in entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| u32::try_from(*pid).ok() != Some(me))
+    {
+        let Ok(env) = std::fs::read(proc_root.join(pid.to_string()).join("environ")) else {
+            continue;
+        };
+        let mut vars = env.split(|b| *b == 0);
+        let (mut add, mut ours) = (false, false);
+        for v in &mut vars {
+            add |= v == b"CNI_COMMAND=ADD";
+            ours |= v == want_id.as_bytes();
+        }
+        if add && ours {
+            let target = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL).is_ok() {
+                killed.push(pid);
+            }
+        }
+    }
+    if !killed.is_empty() {
+        tracing::warn!(container = %container_id, pids = ?killed,
+            "killed what an interrupted ADD left running, before deleting");
+        // Let the kernel tear them down (their files and locks) before the delegates' DEL.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline
+            && killed.iter().any(|p| {
+                std::fs::read_to_string(proc_root.join(p.to_string()).join("stat"))
+                    .is_ok_and(|s| !s.contains(") Z "))
+            })
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    killed.len()
 }
 
 /// After every delegate DEL succeeded: drop the plan and leave a tombstone, but only when
@@ -436,6 +491,35 @@ mod tests {
         let reqs = mock.requests();
         assert_eq!(reqs.len(), 1, "{reqs:?}");
         assert!(took < std::time::Duration::from_millis(1000), "{took:?}");
+    }
+
+    /// What an interrupted ADD left running for this container (an IPAM plugin under a killed
+    /// delegate) is killed before DEL; other containers' and other verbs' processes are not.
+    #[test]
+    fn orphans_of_an_interrupted_add_are_killed() {
+        let cid = format!("orphan-test-{}", std::process::id());
+        let spawn = |command: &str, id: &str| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env("CNI_COMMAND", command)
+                .env("CNI_CONTAINERID", id)
+                .spawn()
+                .unwrap()
+        };
+        let mut orphan = spawn("ADD", &cid);
+        let mut other = spawn("ADD", &format!("{cid}-other"));
+        let mut deleting = spawn("DEL", &cid);
+        // Wait until exec has replaced the environment of all three.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(kill_orphaned_adds(Path::new("/proc"), &cid), 1);
+        let status = orphan.wait().unwrap();
+        assert!(!status.success(), "killed: {status:?}");
+        for c in [&mut other, &mut deleting] {
+            assert!(c.try_wait().unwrap().is_none(), "left alone");
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        assert_eq!(kill_orphaned_adds(Path::new("/nonexistent"), &cid), 0);
     }
 
     #[test]
