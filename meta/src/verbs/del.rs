@@ -80,9 +80,6 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
     {
         return Ok(());
     }
-    if lock.is_some() {
-        kill_orphaned_adds(Path::new("/proc"), &args.container_id);
-    }
     let saved = match ctx.store.load(&args.container_id, &args.ifname) {
         Ok(p) => p,
         Err(e) => {
@@ -90,6 +87,13 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
             None
         }
     };
+    // The plan is saved before any delegate runs: an ADD that ran some left one.
+    if let Some(s) = saved
+        .as_ref()
+        .filter(|s| lock.is_some() && !s.netns.is_empty())
+    {
+        kill_orphaned_adds(Path::new("/proc"), &args.container_id, &s.netns);
+    }
     let (mut record, netns) = match saved {
         Some(s) => {
             let netns = pick_netns(&args.netns, &s.netns);
@@ -165,15 +169,18 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
 /// Kill what is left of an ADD for this container whose plexus died (SIGKILL, OOM kill): the
 /// delegates themselves die with plexus (parent-death signal), but their own children — an IPAM
 /// plugin — do not, and would finish the ADD after this DEL (a leaked lease). Under the
-/// container lock no live ADD runs, so every process whose environment has `CNI_COMMAND=ADD`
-/// and this `CNI_CONTAINERID` is such an orphan. Returns how many were killed.
-fn kill_orphaned_adds(proc_root: &Path, container_id: &str) -> usize {
+/// container lock no live ADD of this plexus runs, so every process whose environment has
+/// `CNI_COMMAND=ADD`, this `CNI_CONTAINERID` and the `CNI_NETNS` the ADD recorded is such an
+/// orphan (the netns keeps another plexus' calls — another `cniDir`, a test — out of it).
+/// Returns how many were killed.
+fn kill_orphaned_adds(proc_root: &Path, container_id: &str, netns: &str) -> usize {
     let _phase = plexus_delegates::timing::phase("orphan_scan");
     let Ok(entries) = std::fs::read_dir(proc_root) else {
         return 0;
     };
     let me = std::process::id();
     let want_id = format!("CNI_CONTAINERID={container_id}");
+    let want_netns = format!("CNI_NETNS={netns}");
     let mut killed = Vec::new();
     for pid in entries
         .filter_map(Result::ok)
@@ -184,12 +191,13 @@ fn kill_orphaned_adds(proc_root: &Path, container_id: &str) -> usize {
             continue;
         };
         let mut vars = env.split(|b| *b == 0);
-        let (mut add, mut ours) = (false, false);
+        let (mut add, mut ours, mut same_netns) = (false, false, false);
         for v in &mut vars {
             add |= v == b"CNI_COMMAND=ADD";
             ours |= v == want_id.as_bytes();
+            same_netns |= v == want_netns.as_bytes();
         }
-        if add && ours {
+        if add && ours && same_netns {
             let target = nix::unistd::Pid::from_raw(pid);
             if nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL).is_ok() {
                 killed.push(pid);
@@ -498,28 +506,36 @@ mod tests {
     #[test]
     fn orphans_of_an_interrupted_add_are_killed() {
         let cid = format!("orphan-test-{}", std::process::id());
-        let spawn = |command: &str, id: &str| {
+        let spawn = |command: &str, id: &str, netns: &str| {
             std::process::Command::new("sleep")
                 .arg("30")
                 .env("CNI_COMMAND", command)
                 .env("CNI_CONTAINERID", id)
+                .env("CNI_NETNS", netns)
                 .spawn()
                 .unwrap()
         };
-        let mut orphan = spawn("ADD", &cid);
-        let mut other = spawn("ADD", &format!("{cid}-other"));
-        let mut deleting = spawn("DEL", &cid);
-        // Wait until exec has replaced the environment of all three.
+        let mut orphan = spawn("ADD", &cid, "/run/netns/a");
+        let mut other = spawn("ADD", &format!("{cid}-other"), "/run/netns/a");
+        let mut deleting = spawn("DEL", &cid, "/run/netns/a");
+        let mut elsewhere = spawn("ADD", &cid, "/run/netns/b");
+        // Wait until exec has replaced the environment of all of them.
         std::thread::sleep(std::time::Duration::from_millis(200));
-        assert_eq!(kill_orphaned_adds(Path::new("/proc"), &cid), 1);
+        assert_eq!(
+            kill_orphaned_adds(Path::new("/proc"), &cid, "/run/netns/a"),
+            1
+        );
         let status = orphan.wait().unwrap();
         assert!(!status.success(), "killed: {status:?}");
-        for c in [&mut other, &mut deleting] {
+        for c in [&mut other, &mut deleting, &mut elsewhere] {
             assert!(c.try_wait().unwrap().is_none(), "left alone");
             c.kill().unwrap();
             c.wait().unwrap();
         }
-        assert_eq!(kill_orphaned_adds(Path::new("/nonexistent"), &cid), 0);
+        assert_eq!(
+            kill_orphaned_adds(Path::new("/nonexistent"), &cid, "/run/netns/a"),
+            0
+        );
     }
 
     #[test]
