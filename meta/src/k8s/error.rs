@@ -134,7 +134,8 @@ pub enum K8sError {
         reason: String,
     },
     /// The namespace or name is not a Kubernetes name: no request was made (it could address
-    /// another object). Code 4 (the names come from `CNI_ARGS` or pod annotations).
+    /// another object). Code 7: ADD refuses such pod names from `CNI_ARGS` earlier (code 4), so
+    /// what is left here comes from configuration (`clusterNetwork`, `defaultNetworks`, NADs).
     #[error("{what} {ns:?}/{name:?}: not requested: {reason}")]
     InvalidName {
         /// Operation.
@@ -200,8 +201,9 @@ impl K8sError {
 
     /// The CNI error code to report for this error:
     /// [`CNI_TRY_AGAIN_LATER`] (11) for transient errors, [`CNI_INVALID_CONFIG`] (7) for
-    /// kubeconfig / in-cluster / client-construction problems and HTTP 401 (bad credentials),
-    /// [`CNI_K8S_FAILURE`] (102) for everything else (403, UID mismatch, decode errors...).
+    /// kubeconfig / in-cluster / client-construction problems, HTTP 401 (bad credentials) and
+    /// names that are not Kubernetes names, [`CNI_K8S_FAILURE`] (102) for everything else (403,
+    /// a 404 for a path not served, UID mismatch, decode errors...).
     pub fn cni_code(&self) -> u32 {
         match self {
             e if e.is_transient() => CNI_TRY_AGAIN_LATER,
@@ -209,7 +211,7 @@ impl K8sError {
                 CNI_INVALID_CONFIG
             }
             K8sError::Api { code: 401, .. } => CNI_INVALID_CONFIG,
-            K8sError::InvalidName { .. } => plexus_conf::error::code::INVALID_ENV,
+            K8sError::InvalidName { .. } => CNI_INVALID_CONFIG,
             _ => CNI_K8S_FAILURE,
         }
     }
@@ -373,7 +375,7 @@ mod tests {
         };
         let e = K8sError::check_names(bad).unwrap_err();
         assert!(matches!(e, K8sError::InvalidName { .. }), "{e:?}");
-        assert_eq!(e.cni_code(), 4);
+        assert_eq!(e.cni_code(), 7);
         assert!(e.to_string().contains("not a valid object name"), "{e}");
     }
 

@@ -312,7 +312,7 @@ mod tests {
                 .await
                 .unwrap_err();
             assert!(matches!(err, K8sError::InvalidName { .. }), "{err:?}");
-            assert_eq!(err.cni_code(), 4);
+            assert_eq!(err.cni_code(), 7);
             assert!(mock.requests().is_empty(), "{ns}/{name} was requested");
         }
     }
