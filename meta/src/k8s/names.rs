@@ -128,6 +128,51 @@ mod tests {
         assert!(ref_problem("db", "pg/0").unwrap().contains("object name"));
     }
 
+    /// Every string of up to two characters from ASCII and a few multi-byte ones: the segment
+    /// holds only unreserved characters and `%XX`, is never `.`/`..`, and decodes back; what the
+    /// name checks accept is left as it is.
+    #[test]
+    fn every_short_string_encodes_to_one_segment_and_back() {
+        let mut alphabet: Vec<char> = (0u8..128).map(char::from).collect();
+        alphabet.extend(['ä', '€', '\u{1F600}', '\u{FFFD}']);
+        let decode = |s: &str| {
+            let b = s.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%' {
+                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                    out.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 3;
+                } else {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8(out).unwrap()
+        };
+        let mut inputs = vec![String::new()];
+        for a in &alphabet {
+            inputs.push(a.to_string());
+            for b in &alphabet {
+                inputs.push(format!("{a}{b}"));
+            }
+        }
+        for s in &inputs {
+            let seg = segment(s);
+            assert!(
+                seg.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-._~%".contains(&c)),
+                "{s:?} -> {seg}"
+            );
+            assert!(seg != "." && seg != "..", "{s:?}");
+            assert_eq!(decode(&seg), *s, "{s:?} -> {seg}");
+            if name_problem(s).is_none() || namespace_problem(s).is_none() {
+                assert_eq!(seg, *s, "a valid name is its own segment");
+            }
+        }
+    }
+
     #[test]
     fn segments_cannot_escape() {
         assert_eq!(segment("pg-0.a_b~"), "pg-0.a_b~");
