@@ -189,6 +189,33 @@ fn preview(b: &[u8]) -> String {
     s.chars().take(200).collect()
 }
 
+/// Make the child of `cmd` die (SIGKILL) when plexus dies, so a SIGKILLed plexus cannot leave a
+/// delegate running on after the runtime's DEL (its ADD would finish later and leak).
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child ends: callers spawn and
+/// wait on the same thread ([`exec_plugin`] returns only after the child has exited or been
+/// killed), so a thread's normal end never kills a running child. A parent that died between
+/// the fork and the `prctl` is caught by comparing `getppid()` with the pid before the fork.
+// `pre_exec` is unsafe by signature; the closure makes only async-signal-safe calls.
+#[allow(unsafe_code)]
+pub fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::other(
+                    "plexus exited before the plugin started",
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
 fn spawn(binary: &Path, verb: Verb, env: &CniEnv) -> std::io::Result<std::process::Child> {
     let mut cmd = Command::new(binary);
     cmd.env("CNI_COMMAND", verb.as_str())
@@ -204,6 +231,7 @@ fn spawn(binary: &Path, verb: Verb, env: &CniEnv) -> std::io::Result<std::proces
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    die_with_parent(&mut cmd);
     // A freshly installed binary can briefly be "text file busy" (libcni retries too).
     let mut attempt = 0;
     loop {
@@ -227,7 +255,7 @@ fn run(
     let started = Instant::now();
     let mut child = spawn(binary, verb, env).map_err(|e| {
         CniError::new(
-            code::INTERNAL,
+            spawn_failure_code(&e),
             "failed to start plugin",
             format!("{}: {e}", binary.display()),
         )
@@ -318,6 +346,18 @@ fn run(
         stdout,
         stderr,
     })
+}
+
+/// The code for a plugin that could not be started: 11 (try again later) when the node is
+/// short of something for a moment — processes (`EAGAIN`), memory, file descriptors, or the
+/// binary is still being written (`ETXTBSY` after the retries) — else 999.
+fn spawn_failure_code(e: &std::io::Error) -> u32 {
+    match e.raw_os_error() {
+        Some(
+            libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::ETXTBSY | libc::EINTR,
+        ) => code::TRY_AGAIN_LATER,
+        _ => code::INTERNAL,
+    }
 }
 
 fn kill_group(pid: u32) {
@@ -508,6 +548,98 @@ mod tests {
             start.elapsed()
         );
         assert!(out.is_ok(), "{out:?}");
+    }
+
+    /// The parent side of [`a_killed_parent_takes_its_delegate_down`]: run a slow plugin (its
+    /// script is in `PLEXUS_PDEATHSIG_PLUGIN`) and block in `exec_plugin` until killed.
+    #[test]
+    fn pdeathsig_parent_helper() {
+        let Some(plugin) = std::env::var_os("PLEXUS_PDEATHSIG_PLUGIN") else {
+            return; // only run as the helper process
+        };
+        let _ = exec_plugin(
+            Path::new(&plugin),
+            Verb::Add,
+            &env(),
+            b"{}",
+            Duration::from_secs(60),
+        );
+        panic!("the slow plugin finished: the parent was not killed");
+    }
+
+    /// A SIGKILLed plexus (here: a helper process blocked in `exec_plugin`) takes the running
+    /// delegate down with it instead of leaving it to finish its ADD after the runtime's DEL.
+    #[test]
+    fn a_killed_parent_takes_its_delegate_down() {
+        let t = tempfile::tempdir().unwrap();
+        let marker = t.path().join("plugin.pid");
+        let p = script(
+            t.path(),
+            "slow",
+            &format!("echo $$ > {}; exec sleep 30", marker.display()),
+        );
+        let mut helper = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "exec::tests::pdeathsig_parent_helper",
+                "--nocapture",
+            ])
+            .env("PLEXUS_PDEATHSIG_PLUGIN", &p)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let pid: i32 = loop {
+            if let Some(pid) = fs::read_to_string(&marker)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the plugin never started");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // `exec sleep` keeps the pid: wait until the plugin is sleeping, then kill the parent.
+        std::thread::sleep(Duration::from_millis(100));
+        helper.kill().unwrap();
+        helper.wait().unwrap();
+        let alive = |pid: i32| {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let survived = alive(pid);
+        if survived {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(!survived, "the delegate {pid} outlived its killed parent");
+    }
+
+    /// A start failure the node recovers from (here: the binary is still open for writing, so
+    /// exec gives ETXTBSY after every retry) is code 11, not an internal error.
+    #[test]
+    fn a_transient_start_failure_is_try_again_later() {
+        let t = tempfile::tempdir().unwrap();
+        let p = script(t.path(), "busy", "exit 0");
+        let _writer = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        let e = exec_plugin(&p, Verb::Add, &env(), b"{}", Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e:?}");
+        assert_eq!(e.msg, "plugin busy ADD: failed to start plugin");
+        assert_eq!(
+            spawn_failure_code(&std::io::Error::from_raw_os_error(libc::EAGAIN)),
+            code::TRY_AGAIN_LATER
+        );
+        assert_eq!(
+            spawn_failure_code(&std::io::Error::from_raw_os_error(libc::EPERM)),
+            code::INTERNAL
+        );
     }
 
     #[test]

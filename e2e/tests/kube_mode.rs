@@ -823,3 +823,203 @@ fn status_refused_after_the_event_undoes_and_warns() {
     node.call("DEL", "cid-refused", &ns.path(), &args).ok();
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 }
+
+/// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` go into API paths: a value that would address another
+/// object is refused with code 4 before any request, and nothing is attached.
+#[test]
+fn pod_names_that_address_another_object_are_refused() {
+    let node = Node::new(44);
+    node.pod("db", "victim", json!({}));
+    for (ns, name) in [
+        ("db", "../../namespaces/kube-system/pods/victim"),
+        ("db", "victim?dryRun=All"),
+        ("db", "victim/status"),
+        ("db/pods/victim", "x"),
+        ("DB", "victim"),
+    ] {
+        let netns = Netns::new();
+        node.api.clear_requests();
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}");
+        let r = node.call("ADD", "cid-bad-name", &netns.path(), &args);
+        let e = r.err();
+        assert_eq!(e["code"], 4, "{ns}/{name}: {e}");
+        assert!(
+            e["msg"]
+                .as_str()
+                .unwrap()
+                .contains("is not a Kubernetes name"),
+            "{e}"
+        );
+        assert!(
+            node.api.requests().is_empty(),
+            "{ns}/{name}: {:?}",
+            node.api.requests()
+        );
+        assert_eq!(netns.links(), vec!["lo"]);
+        node.call("DEL", "cid-bad-name", &netns.path(), &args).ok();
+        assert!(node.leftovers().iter().all(|f| !f.starts_with("plans")));
+    }
+}
+
+/// A 404 for a path the API server does not serve (a kubeconfig `server` with a wrong path
+/// prefix) is an error, not "the pod was deleted" (which gave the pod its default network only).
+#[test]
+fn a_404_for_a_wrong_server_path_fails_the_add() {
+    let node = Node::new(45);
+    let uid = node.pod("db", "wrongpath", json!({NETWORKS: "mv"}));
+    let kc = node
+        .api
+        .kubeconfig_yaml("node-token")
+        .replace(&node.api.url(), &format!("{}/not-the-api", node.api.url()));
+    std::fs::write(node.path("kubeconfig"), kc).unwrap();
+    let netns = Netns::new();
+    let args = Node::args("db", "wrongpath", &uid);
+    let r = node.call("ADD", "cid-wrongpath", &netns.path(), &args);
+    let e = r.err();
+    assert_eq!(e["code"], 102, "{e}");
+    assert!(e["details"].as_str().unwrap().contains("HTTP 404"), "{e}");
+    assert_eq!(netns.links(), vec!["lo"], "nothing ran");
+    node.call("DEL", "cid-wrongpath", &netns.path(), &args).ok();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+/// A DEL without its plan while the API server is down asks it once and does not wait out the
+/// ADD's retry budget (it took 2.3 s over 10 requests); the cached results still clean up.
+#[test]
+fn del_without_a_plan_does_not_wait_for_a_down_api() {
+    let node = Node::new(46);
+    node.macvlan_nad("db", "mv", node.host_local("10.146.0.0/24"));
+    let uid = node.pod("db", "quickdel", json!({NETWORKS: "mv"}));
+    let netns = Netns::new();
+    let args = Node::args("db", "quickdel", &uid);
+    node.call("ADD", "cid-quickdel", &netns.path(), &args).ok();
+    std::fs::remove_dir_all(node.path("state/plans")).unwrap();
+    node.api.down();
+    let started = std::time::Instant::now();
+    node.call("DEL", "cid-quickdel", &netns.path(), &args).ok();
+    let took = started.elapsed();
+    node.api.up().unwrap();
+    assert!(took < std::time::Duration::from_millis(1500), "{took:?}");
+    assert_eq!(netns.links(), vec!["lo"]);
+    let left: Vec<String> = node
+        .leftovers()
+        .into_iter()
+        .filter(|f| !f.starts_with("locks"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A plexus killed in the middle of an ADD (SIGKILL, as containerd does when its CNI call times
+/// out) takes its delegate down with it, and the runtime's DEL kills what that delegate had
+/// started (here: an "IPAM" child that would record a lease 1.5 s later) before deleting:
+/// nothing is left, even from a slow plugin.
+#[test]
+fn sigkill_mid_add_then_del_leaves_nothing() {
+    use std::io::Write as _;
+    let node = Node::new(47);
+    let plugins = node.path("slowbin");
+    let leases = node.path("slowleases");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(&leases).unwrap();
+    let plugin = plugins.join("slowplug");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\nd={}\ncase \"$CNI_COMMAND\" in\n\
+             ADD) cat >/dev/null; echo $$ > $d/plugin.pid\n  \
+             (sleep 1.5; echo lease > $d/lease-$CNI_CONTAINERID) &\n  \
+             echo $! > $d/ipam.pid; wait; echo '{{\"cniVersion\":\"1.0.0\"}}' ;;\n\
+             DEL) rm -f $d/lease-$CNI_CONTAINERID ;;\n\
+             VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\
+             esac\n",
+            leases.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let uid = node.pod("db", "killed", json!({}));
+    let args = Node::args("db", "killed", &uid);
+    let netns = Netns::new();
+    let mut config = node.config();
+    config["binDir"] = json!(plugins);
+    config["delegates"] = json!([{"cniVersion":"1.0.0","name":"slow","type":"slowplug"}]);
+    let mut add = std::process::Command::new(bin("plexus"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "cid-killed")
+        .env("CNI_NETNS", netns.path())
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_ARGS", &args)
+        .env("CNI_PATH", CNI_BIN)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    add.stdin
+        .take()
+        .unwrap()
+        .write_all(config.to_string().as_bytes())
+        .unwrap();
+    let pid_of = |f: &str| -> Option<i32> {
+        std::fs::read_to_string(leases.join(f))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while pid_of("ipam.pid").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delegate never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    add.kill().unwrap();
+    add.wait().unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    // The delegate dies with plexus (before any DEL could kill it).
+    let plugin_pid = pid_of("plugin.pid").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while alive(plugin_pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let delegate_survived = alive(plugin_pid);
+    // The runtime's DEL, with the same config.
+    let del = run(
+        &bin("plexus"),
+        &Call {
+            command: "DEL",
+            container_id: "cid-killed",
+            netns: &netns.path(),
+            ifname: "eth0",
+            args: &args,
+        },
+        &config,
+        &[],
+    );
+    del.ok();
+    // Past the moment the orphan would have recorded its lease.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let ipam_pid = pid_of("ipam.pid").unwrap();
+    let leaked: Vec<String> = files_under(&leases)
+        .into_iter()
+        .filter(|f| f.starts_with("lease-"))
+        .collect();
+    for pid in [plugin_pid, ipam_pid] {
+        if alive(pid) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+    assert!(!delegate_survived, "the delegate outlived plexus");
+    assert!(leaked.is_empty(), "leaked after DEL: {leaked:?}");
+    let left: Vec<String> = files_under(&node.path("state"))
+        .into_iter()
+        .filter(|f| !f.starts_with("locks"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

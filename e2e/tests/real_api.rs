@@ -71,6 +71,14 @@ fn main() -> ExitCode {
     suite.case("cluster_role_grants_exactly_what_plexus_calls", || {
         rbac_exact(&node)
     });
+    suite.case(
+        "pod_names_wrong_server_paths_and_missing_pods_are_told_apart",
+        || names_and_not_found(&node),
+    );
+    suite.case(
+        "del_without_a_plan_with_the_apiserver_stopped_is_quick",
+        || planless_del_apiserver_stopped(&node),
+    );
     drop(node);
     suite.finish()
 }
@@ -714,6 +722,108 @@ fn del_apiserver_stopped(node: &Node<'_>) -> Result<()> {
         ensure!(ns2.links() == ["lo"]);
         node.call("DEL", "cid-down-add", "", &args2, &json!({}))
             .ok();
+        ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+        Ok(())
+    })();
+    node.cp.start_apiserver()?;
+    res
+}
+
+/// What the real apiserver's 404s mean: a pod name that would address another object is never
+/// sent (code 4, no request); a kubeconfig `server` with a wrong path prefix gets the Go mux's
+/// `404 page not found` (for a user allowed every path; plexus' own account gets 403), which
+/// fails the ADD (102) instead of reading as "pod deleted"; a pod that really does not exist
+/// gets a `NotFound` Status naming it, and only that is "gone".
+fn names_and_not_found(node: &Node<'_>) -> Result<()> {
+    let victim = node.pod("db", "names-victim", json!({}))?;
+    let ns = Netns::new();
+    for (pod_ns, name) in [
+        ("db", "../../namespaces/db/pods/names-victim"),
+        ("db", "names-victim?dryRun=All"),
+        ("db/pods/names-victim", "x"),
+    ] {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name}");
+        let (r, counts) =
+            node.counted(|| node.call("ADD", "cid-names", &ns.path(), &args, &json!({})))?;
+        ensure!(r.code != 0, "{pod_ns}/{name}: ADD succeeded: {}", r.out);
+        ensure!(r.out["code"] == 4, "{pod_ns}/{name}: {}", r.out);
+        ensure!(total(&counts) == 0, "{pod_ns}/{name}: {}", shown(&counts));
+        ensure!(ns.links() == ["lo"]);
+        node.call("DEL", "cid-names", &ns.path(), &args, &json!({}))
+            .ok();
+    }
+
+    // The same pod through a server URL with a wrong path prefix, as a user allowed every path.
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let cert = node
+        .cp
+        .client_cert("plexus-404-probe", Some("system:masters"))?;
+    let wrong = node.path("kubeconfig-wrong-path");
+    std::fs::write(
+        &wrong,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}/not-the-api\n    certificate-authority-data: {}\n\
+             users:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+            node.cp.url(),
+            b64(&node.cp.ca_pem()),
+            b64(&cert.cert_pem),
+            b64(&cert.key_pem)
+        ),
+    )?;
+    std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let args = Node::args("db", "names-victim", &victim);
+    let r = node.call(
+        "ADD",
+        "cid-names",
+        &ns.path(),
+        &args,
+        &json!({"kubeconfig": wrong}),
+    );
+    println!("    ADD through a wrong server path: {}", r.out);
+    ensure!(r.code != 0, "ADD succeeded: {}", r.out);
+    ensure!(r.out["code"] == 102, "{}", r.out);
+    ensure!(
+        r.out["details"].as_str().unwrap_or("").contains("HTTP 404"),
+        "{}",
+        r.out
+    );
+    ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+    node.call("DEL", "cid-names", &ns.path(), &args, &json!({}))
+        .ok();
+
+    // A pod that does not exist: the apiserver's NotFound names it, plexus reads it as gone
+    // (default network only, no status to write).
+    let args = Node::args("db", "names-never-created", "");
+    let r = node.call("ADD", "cid-names-gone", &ns.path(), &args, &json!({}));
+    ensure!(r.code == 0, "{} / {}", r.out, r.stderr);
+    ensure!(ns.links().len() == 2, "{:?}", ns.links());
+    node.call("DEL", "cid-names-gone", &ns.path(), &args, &json!({}))
+        .ok();
+    ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+    ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    Ok(())
+}
+
+/// A DEL whose plan is lost while the apiserver is stopped asks it once instead of spending the
+/// ADD's 2.5 s retry budget (10 attempts before), and the result cache still cleans up.
+fn planless_del_apiserver_stopped(node: &Node<'_>) -> Result<()> {
+    node.macvlan_nad("db", "mv-planless", node.host_local("10.158.0.0/24"))?;
+    let ns = Netns::new();
+    let uid = node.pod("db", "planless", json!({NETWORKS: "mv-planless"}))?;
+    let args = Node::args("db", "planless", &uid);
+    node.call("ADD", "cid-planless", &ns.path(), &args, &json!({}))
+        .ok();
+    ensure!(ns.links().len() == 3, "{:?}", ns.links());
+    std::fs::remove_dir_all(node.path("state/plans"))?;
+    node.cp.stop_apiserver();
+    let res = (|| -> Result<()> {
+        let (r, ms) = timed(|| node.call("DEL", "cid-planless", &ns.path(), &args, &json!({})));
+        println!("    DEL without a plan, apiserver stopped: {ms:.0} ms");
+        r.ok();
+        ensure!(ms < 1500.0, "DEL took {ms:.0} ms");
+        ensure!(ns.links() == ["lo"], "{:?}", ns.links());
         ensure!(node.leftovers().is_empty(), "{:?}", node.leftovers());
         Ok(())
     })();

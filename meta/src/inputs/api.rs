@@ -5,13 +5,17 @@ use super::Inputs;
 use crate::context::Ctx;
 use crate::devices::dra::DraDevice;
 use crate::error::MetaError;
-use crate::k8s::KubeClient;
+use crate::k8s::{ClientOptions, KubeClient, RetryPolicy};
 use crate::plan::requests::NadMap;
 use crate::plan::resolve::NadData;
 use crate::plan::DeviceMap;
 use crate::pod::{PodIdentity, PodInfo};
 use plexus_conf::plexus_config::PlexusConfig;
 use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// The one attempt of [`Inputs::pod_quick`] gets at most this long.
+pub const QUICK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The runtime capability carrying the pod's annotations (containerd, CRI-O).
 pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
@@ -31,6 +35,21 @@ impl Inputs for ApiInputs {
             }
         }
         fetch_pod(ctx, client.as_ref(), Some(id))
+    }
+
+    fn pod_quick(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
+        let Some(client) = ctx.client()? else {
+            return Ok(None);
+        };
+        if let Some(p) = pod_from_runtime(&ctx.config, Some(id)) {
+            return Ok(Some(p));
+        }
+        let opts = ClientOptions {
+            retry: RetryPolicy::none(),
+            request_timeout: client.options().request_timeout.min(QUICK_TIMEOUT),
+            ..client.options().clone()
+        };
+        fetch_pod(ctx, Some(&client.with_options(opts)), Some(id))
     }
 
     fn nads(
@@ -156,7 +175,7 @@ mod tests {
         MockApi::repeating(json_response(
             status,
             &format!(
-                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","reason":"{reason}","code":{status}}}"#
+                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","reason":"{reason}","details":{{"name":"mv"}},"code":{status}}}"#
             ),
         ))
         .client()

@@ -27,6 +27,12 @@ use std::collections::BTreeSet;
 pub trait Inputs {
     /// The pod. `Ok(None)`: no API (static mode) or the pod is gone.
     fn pod(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError>;
+    /// The pod for a DEL without a plan: at most one quick attempt, so that an API server that
+    /// is down does not hold the pod's teardown (`Err` when the source cannot answer now).
+    /// Sources without a retry budget read it as [`Inputs::pod`] does.
+    fn pod_quick(&mut self, ctx: &mut Ctx, id: &PodIdentity) -> Result<Option<PodInfo>, MetaError> {
+        self.pod(ctx, id)
+    }
     /// The NADs `refs` names, by `(namespace, name)`; a missing NAD maps to `None`. `label`
     /// names the pod in errors.
     fn nads(

@@ -197,9 +197,15 @@ impl KubeClient {
     ) -> Result<Self, K8sError> {
         let kubeconfig = read_kubeconfig(path)?;
         let transport = connect::transport_from_kubeconfig(&kubeconfig, opts.connect_timeout)
-            .map_err(|reason| K8sError::Kubeconfig {
-                path: path.to_owned(),
-                reason,
+            .map_err(|e| match e.transient {
+                true => K8sError::CredentialUnavailable {
+                    path: path.to_owned(),
+                    reason: e.reason,
+                },
+                false => K8sError::Kubeconfig {
+                    path: path.to_owned(),
+                    reason: e.reason,
+                },
             })?;
         Ok(Self::with_transport(Arc::new(transport), opts))
     }
@@ -208,13 +214,21 @@ impl KubeClient {
     pub async fn in_cluster(env: &InClusterEnv, opts: ClientOptions) -> Result<Self, K8sError> {
         let kubeconfig = env.kubeconfig()?;
         let transport = connect::transport_from_kubeconfig(&kubeconfig, opts.connect_timeout)
-            .map_err(K8sError::InCluster)?;
+            .map_err(|e| K8sError::InCluster(e.reason))?;
         Ok(Self::with_transport(Arc::new(transport), opts))
     }
 
     /// A client over `transport`.
     pub(crate) fn with_transport(transport: Arc<dyn Transport>, opts: ClientOptions) -> Self {
         KubeClient { transport, opts }
+    }
+
+    /// The same connection with other options (e.g. one quick attempt for a DEL).
+    pub fn with_options(&self, opts: ClientOptions) -> Self {
+        KubeClient {
+            transport: Arc::clone(&self.transport),
+            opts,
+        }
     }
 
     /// The options in use.
@@ -438,6 +452,53 @@ mod tests {
                 .contains("authorization: bearer tok-123\r\n"),
             "{req}"
         );
+    }
+
+    /// An exec credential plugin that fails (its token service is down) is code 11, so the
+    /// runtime retries; one that cannot run at all is a kubeconfig error (7).
+    #[tokio::test]
+    async fn exec_credential_failures_are_classified() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = dir.path().join("cred");
+        std::fs::write(
+            &plugin,
+            "#!/bin/sh\necho 'token service unreachable' >&2\nexit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let kc = |command: &Path| {
+            let path = dir.path().join("kubeconfig");
+            std::fs::write(
+                &path,
+                format!(
+                    "clusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n\
+                     users:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}\n\
+                     contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+                    command.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            path
+        };
+        let err = KubeClient::from_kubeconfig_path(&kc(&plugin))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, K8sError::CredentialUnavailable { .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.cni_code(), 11);
+        assert!(
+            err.to_string().contains("token service unreachable"),
+            "{err}"
+        );
+
+        let err = KubeClient::from_kubeconfig_path(&kc(&dir.path().join("missing")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, K8sError::Kubeconfig { .. }), "{err:?}");
+        assert_eq!(err.cni_code(), 7);
     }
 
     #[tokio::test]

@@ -20,6 +20,31 @@ use secrecy::ExposeSecret;
 
 use super::http1::{Endpoint, Http1Transport};
 
+/// Why no transport could be built: a reason that never contains a credential, and whether the
+/// next call may succeed unchanged (an `exec` credential plugin that timed out or failed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BuildError {
+    /// What is wrong.
+    pub reason: String,
+    /// `true`: the credential source did not answer now; `false`: the kubeconfig is unusable.
+    pub transient: bool,
+}
+
+impl From<String> for BuildError {
+    fn from(reason: String) -> Self {
+        BuildError {
+            reason,
+            transient: false,
+        }
+    }
+}
+
+impl From<&str> for BuildError {
+    fn from(reason: &str) -> Self {
+        reason.to_owned().into()
+    }
+}
+
 /// What the credentials resolve to.
 #[derive(Default)]
 struct Identity {
@@ -34,7 +59,7 @@ struct Identity {
 pub(crate) fn transport_from_kubeconfig(
     kubeconfig: &Kubeconfig,
     connect_timeout: Duration,
-) -> Result<Http1Transport, String> {
+) -> Result<Http1Transport, BuildError> {
     let context_name = kubeconfig
         .current_context
         .as_deref()
@@ -67,7 +92,7 @@ fn build(
     cluster: &Cluster,
     user: &AuthInfo,
     connect_timeout: Duration,
-) -> Result<Http1Transport, String> {
+) -> Result<Http1Transport, BuildError> {
     if cluster.proxy_url.as_deref().is_some_and(|p| !p.is_empty()) {
         return Err("proxy-url is not supported".into());
     }
@@ -88,11 +113,7 @@ fn build(
     let https = match uri.scheme_str() {
         Some("https") => true,
         Some("http") => false,
-        _ => {
-            return Err(format!(
-                "server URL {server:?} is neither https:// nor http://"
-            ))
-        }
+        _ => return Err(format!("server URL {server:?} is neither https:// nor http://").into()),
     };
     let authority = uri
         .authority()
@@ -146,7 +167,7 @@ fn build(
 
 /// The user's credentials, in client-go's order: a static bearer token (inline, then file) or
 /// basic auth, and a client certificate; an `exec` plugin only when none of those is set.
-fn identity(user: &AuthInfo, cluster: &Cluster) -> Result<Identity, String> {
+fn identity(user: &AuthInfo, cluster: &Cluster) -> Result<Identity, BuildError> {
     let mut id = Identity::default();
     // client-go treats an empty token as absent.
     let inline = user
@@ -310,7 +331,11 @@ struct ExecCredential {
 }
 
 /// Run an exec credential plugin, never interactively (a CNI call has no terminal).
-fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, String> {
+///
+/// A plugin that times out or exits non-zero is transient (its credential source — a cloud
+/// token service, a vault — may answer on the next call); one that cannot be started or prints
+/// no usable credential is a kubeconfig problem.
+fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, BuildError> {
     let command = exec
         .command
         .as_deref()
@@ -343,16 +368,23 @@ fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, Stri
     for name in exec.drop_env.iter().flatten() {
         cmd.env_remove(name);
     }
-    let out = output_within(cmd, EXEC_TIMEOUT)
-        .map_err(|e| format!("exec credential plugin {command}: {e}"))?;
+    // A killed plexus must not leave its credential plugin running.
+    plexus_delegates::exec::die_with_parent(&mut cmd);
+    let out = output_within(cmd, EXEC_TIMEOUT).map_err(|e| BuildError {
+        reason: format!("exec credential plugin {command}: {e}"),
+        transient: e.kind() == std::io::ErrorKind::TimedOut,
+    })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let first = stderr.lines().next().unwrap_or("").chars().take(200);
-        return Err(format!(
-            "exec credential plugin {command} failed ({}): {}",
-            out.status,
-            first.collect::<String>()
-        ));
+        return Err(BuildError {
+            reason: format!(
+                "exec credential plugin {command} failed ({}): {}",
+                out.status,
+                first.collect::<String>()
+            ),
+            transient: true,
+        });
     }
     // The output holds the credential: its parse error is not echoed.
     let cred: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -372,7 +404,8 @@ fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, Stri
     if token.is_none() && client_pem.is_none() {
         return Err(format!(
             "exec credential plugin {command} gave neither a token nor a client certificate"
-        ));
+        )
+        .into());
     }
     Ok(ExecCredential { token, client_pem })
 }
@@ -513,7 +546,10 @@ mod tests {
     fn err(yaml: &str) -> String {
         match transport_from_kubeconfig(&parse(yaml), Duration::from_secs(1)) {
             Ok(_) => panic!("accepted: {yaml}"),
-            Err(e) => e,
+            Err(e) => {
+                assert!(!e.transient, "{e:?}");
+                e.reason
+            }
         }
     }
 
@@ -578,7 +614,9 @@ mod tests {
             .find(|a| Some(&a.name) == ctx.user.as_ref())
             .and_then(|a| a.auth_info.clone())
             .unwrap_or_default();
-        identity(&user, kc.clusters[0].cluster.as_ref().unwrap()).map(|id| id.authorization)
+        identity(&user, kc.clusters[0].cluster.as_ref().unwrap())
+            .map(|id| id.authorization)
+            .map_err(|e| e.reason)
     }
 
     #[test]
@@ -691,7 +729,28 @@ mod tests {
         )
         .unwrap();
         let e = identity(&user, &Cluster::default()).err().unwrap();
-        assert!(e.contains("failed") && e.contains("nope"), "{e}");
-        assert!(!e.contains("tok-on-stdout"), "{e}");
+        assert!(
+            e.reason.contains("failed") && e.reason.contains("nope"),
+            "{e:?}"
+        );
+        assert!(!e.reason.contains("tok-on-stdout"), "{e:?}");
+        // It may work on the next call (its token service was down): transient.
+        assert!(e.transient, "{e:?}");
+
+        // No credential in its output, or no such program: the kubeconfig is wrong.
+        std::fs::write(
+            &script,
+            "#!/bin/sh
+echo '{\"status\":{}}'\n",
+        )
+        .unwrap();
+        let e = identity(&user, &Cluster::default()).err().unwrap();
+        assert!(!e.transient && e.reason.contains("neither"), "{e:?}");
+        let mut missing = user.clone();
+        if let Some(x) = missing.exec.as_mut() {
+            x.command = Some(dir.path().join("nowhere").display().to_string());
+        }
+        let e = identity(&missing, &Cluster::default()).err().unwrap();
+        assert!(!e.transient, "{e:?}");
     }
 }

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
+use super::names::segment;
 use super::retry;
 
 /// Field manager of plexus' server-side applies.
@@ -71,11 +72,13 @@ impl KubeClient {
             ns,
             name,
         };
-        let url = ResourceClaim::url_path(&(), Some(ns));
+        K8sError::check_names(ctx)?;
+        let url = ResourceClaim::url_path(&(), Some(&segment(ns)));
+        let name = segment(name);
         let got = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
             let req = built(
                 ctx,
-                kube::core::Request::new(&url).get(name, &Default::default()),
+                kube::core::Request::new(&url).get(&name, &Default::default()),
             )?;
             self.fetch::<ResourceClaim>(ctx, req).await
         })
@@ -125,10 +128,12 @@ impl KubeClient {
             ns,
             name: claim,
         };
-        let url = ResourceClaim::url_path(&(), Some(ns));
+        K8sError::check_names(ctx)?;
+        let url = ResourceClaim::url_path(&(), Some(&segment(ns)));
+        let claim = segment(claim);
         retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
             let req =
-                kube::core::Request::new(&url).patch_subresource("status", claim, &params, &patch);
+                kube::core::Request::new(&url).patch_subresource("status", &claim, &params, &patch);
             self.exchange(ctx, built(ctx, req)?).await
         })
         .await

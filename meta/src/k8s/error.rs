@@ -133,6 +133,42 @@ pub enum K8sError {
         /// Error text.
         reason: String,
     },
+    /// The namespace or name is not a Kubernetes name: no request was made (it could address
+    /// another object). Code 7: ADD refuses such pod names from `CNI_ARGS` earlier (code 4), so
+    /// what is left here comes from configuration (`clusterNetwork`, `defaultNetworks`, NADs).
+    #[error("{what} {ns:?}/{name:?}: not requested: {reason}")]
+    InvalidName {
+        /// Operation.
+        what: &'static str,
+        /// Namespace as given.
+        ns: String,
+        /// Object name as given.
+        name: String,
+        /// Which part is wrong and why.
+        reason: String,
+    },
+    /// HTTP 404 that does not name the object asked for: the path is not served (a wrong
+    /// server URL or path prefix, a proxy, the NAD CRD not installed). Not "the object is gone".
+    #[error("{what} {ns}/{name}: HTTP 404 for a path the API server does not serve ({message}): check the server URL and that the API (or CRD) is installed")]
+    NoSuchPath {
+        /// Operation.
+        what: &'static str,
+        /// Namespace.
+        ns: String,
+        /// Object name.
+        name: String,
+        /// The start of the answer.
+        message: String,
+    },
+    /// The kubeconfig's `exec` credential plugin did not answer in time or failed: the
+    /// credential may be there on the next call (code 11).
+    #[error("kubeconfig {}: {reason}", path.display())]
+    CredentialUnavailable {
+        /// Path of the kubeconfig.
+        path: PathBuf,
+        /// What the plugin did (never its output).
+        reason: String,
+    },
 }
 
 /// The object a request is about; used to label errors.
@@ -147,7 +183,9 @@ impl K8sError {
     /// True for failures worth retrying: transport errors, timeouts, HTTP 5xx and 429.
     pub fn is_transient(&self) -> bool {
         match self {
-            K8sError::Unreachable { .. } | K8sError::Timeout { .. } => true,
+            K8sError::Unreachable { .. }
+            | K8sError::Timeout { .. }
+            | K8sError::CredentialUnavailable { .. } => true,
             K8sError::Api { code, .. } => *code >= 500 || *code == 429,
             _ => false,
         }
@@ -163,8 +201,9 @@ impl K8sError {
 
     /// The CNI error code to report for this error:
     /// [`CNI_TRY_AGAIN_LATER`] (11) for transient errors, [`CNI_INVALID_CONFIG`] (7) for
-    /// kubeconfig / in-cluster / client-construction problems and HTTP 401 (bad credentials),
-    /// [`CNI_K8S_FAILURE`] (102) for everything else (403, UID mismatch, decode errors...).
+    /// kubeconfig / in-cluster / client-construction problems, HTTP 401 (bad credentials) and
+    /// names that are not Kubernetes names, [`CNI_K8S_FAILURE`] (102) for everything else (403,
+    /// a 404 for a path not served, UID mismatch, decode errors...).
     pub fn cni_code(&self) -> u32 {
         match self {
             e if e.is_transient() => CNI_TRY_AGAIN_LATER,
@@ -172,7 +211,21 @@ impl K8sError {
                 CNI_INVALID_CONFIG
             }
             K8sError::Api { code: 401, .. } => CNI_INVALID_CONFIG,
+            K8sError::InvalidName { .. } => CNI_INVALID_CONFIG,
             _ => CNI_K8S_FAILURE,
+        }
+    }
+
+    /// [`K8sError::InvalidName`] unless `ctx`'s namespace and name are Kubernetes names.
+    pub(crate) fn check_names(ctx: Ctx<'_>) -> Result<(), Self> {
+        match super::names::ref_problem(ctx.ns, ctx.name) {
+            None => Ok(()),
+            Some(reason) => Err(K8sError::InvalidName {
+                what: ctx.what,
+                ns: ctx.ns.to_owned(),
+                name: ctx.name.to_owned(),
+                reason,
+            }),
         }
     }
 
@@ -208,6 +261,9 @@ impl K8sError {
 
     /// The error for a non-success answer: the API server's `Status` when the body is one,
     /// else the HTTP status with the start of the body.
+    ///
+    /// A 404 means "no such object" only when it is the API server's `NotFound` `Status` naming
+    /// the object (`details.name`); any other 404 is [`K8sError::NoSuchPath`].
     pub(crate) fn from_answer(ctx: Ctx<'_>, code: u16, body: &[u8]) -> Self {
         #[derive(serde::Deserialize)]
         struct Status {
@@ -215,9 +271,36 @@ impl K8sError {
             reason: String,
             #[serde(default)]
             message: String,
+            #[serde(default)]
+            details: Option<Details>,
         }
-        let (reason, message) = match serde_json::from_slice::<Status>(body) {
-            Ok(s) if !s.reason.is_empty() || !s.message.is_empty() => (s.reason, s.message),
+        #[derive(serde::Deserialize)]
+        struct Details {
+            #[serde(default)]
+            name: String,
+        }
+        let status = serde_json::from_slice::<Status>(body).ok();
+        if code == 404 {
+            let names_object = status.as_ref().is_some_and(|s| {
+                s.reason == "NotFound" && s.details.as_ref().is_some_and(|d| d.name == ctx.name)
+            });
+            if !names_object {
+                let text = String::from_utf8_lossy(body);
+                let text = text.trim();
+                let cut = text.char_indices().nth(200).map_or(text.len(), |(i, _)| i);
+                return K8sError::NoSuchPath {
+                    what: ctx.what,
+                    ns: ctx.ns.to_owned(),
+                    name: ctx.name.to_owned(),
+                    message: status
+                        .map(|s| s.message)
+                        .filter(|m| !m.is_empty())
+                        .unwrap_or_else(|| text[..cut].to_owned()),
+                };
+            }
+        }
+        let (reason, message) = match status {
+            Some(s) if !s.reason.is_empty() || !s.message.is_empty() => (s.reason, s.message),
             _ => {
                 let reason = http::StatusCode::from_u16(code)
                     .ok()
@@ -257,8 +340,43 @@ mod tests {
         K8sError::from_answer(
             ctx(),
             code,
-            br#"{"kind":"Status","reason":"R","message":"m"}"#,
+            br#"{"kind":"Status","reason":"R","message":"m","details":{"name":"p1"}}"#,
         )
+    }
+
+    #[test]
+    fn only_a_not_found_naming_the_object_means_it_is_gone() {
+        let gone = br#"{"kind":"Status","status":"Failure","message":"pods \"p1\" not found","reason":"NotFound","details":{"name":"p1","kind":"pods"},"code":404}"#;
+        assert!(K8sError::from_answer(ctx(), 404, gone).is_not_found());
+        // A wrong path: the Go mux's text, a proxy's page, a Status for an unserved resource,
+        // a NotFound about another object.
+        for body in [
+            &b"404 page not found"[..],
+            b"<html>nginx</html>",
+            br#"{"kind":"Status","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}"#,
+            br#"{"kind":"Status","message":"namespaces \"x\" not found","reason":"NotFound","details":{"name":"x","kind":"namespaces"},"code":404}"#,
+            b"",
+        ] {
+            let e = K8sError::from_answer(ctx(), 404, body);
+            assert!(matches!(e, K8sError::NoSuchPath { .. }), "{e:?}");
+            assert!(!e.is_not_found() && !e.is_transient(), "{e:?}");
+            assert_eq!(e.cni_code(), CNI_K8S_FAILURE);
+            assert!(e.to_string().contains("get pod ns1/p1: HTTP 404"), "{e}");
+        }
+    }
+
+    #[test]
+    fn names_are_checked_before_a_request() {
+        assert!(K8sError::check_names(ctx()).is_ok());
+        let bad = Ctx {
+            what: "get pod",
+            ns: "ns1",
+            name: "../../secrets/x",
+        };
+        let e = K8sError::check_names(bad).unwrap_err();
+        assert!(matches!(e, K8sError::InvalidName { .. }), "{e:?}");
+        assert_eq!(e.cni_code(), 7);
+        assert!(e.to_string().contains("not a valid object name"), "{e}");
     }
 
     #[test]
@@ -272,7 +390,6 @@ mod tests {
             assert_eq!(api(code).cni_code(), CNI_K8S_FAILURE);
         }
         assert_eq!(api(401).cni_code(), CNI_INVALID_CONFIG);
-        assert!(api(404).is_not_found());
         assert!(!api(500).is_not_found());
         assert_eq!(
             api(503).to_string(),
@@ -295,7 +412,7 @@ mod tests {
 
     #[test]
     fn a_status_body_gives_its_reason_and_message() {
-        let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pods \"p1\" not found","reason":"NotFound","code":404}"#;
+        let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pods \"p1\" not found","reason":"NotFound","code":404,"details":{"name":"p1","kind":"pods"}}"#;
         match K8sError::from_answer(ctx(), 404, body) {
             K8sError::Api {
                 code,

@@ -11,6 +11,7 @@ use kube::Resource;
 
 use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
+use super::names::segment;
 use super::retry::{self, RetryPolicy};
 
 /// `source.component` and `reportingComponent` of our events.
@@ -165,7 +166,8 @@ impl KubeClient {
             name: &pod.name,
         };
         // The created Event is not read back (its deserializer would only add code).
-        let url = Event::url_path(&(), Some(&pod.ns));
+        K8sError::check_names(ctx)?;
+        let url = Event::url_path(&(), Some(&segment(&pod.ns)));
         let body = serde_json::to_vec(&event).map_err(|e| K8sError::Client(e.to_string()))?;
         retry::run(
             RetryPolicy::none(),

@@ -11,7 +11,11 @@
 //! | [`KubeClient::post_event`] | 1 per event the caller posts; budget: one summary event |
 //!
 //! so an ADD costs **N + 3** requests including one event (Multus thin: about N + 4 plus an
-//! event per interface). DEL makes **no** API request: it works from the ADD-time cache.
+//! event per interface). DEL makes **no** API request: it works from the ADD-time cache (a DEL
+//! whose plan is lost makes one GET pod, a single attempt of at most 1 s).
+//!
+//! Every namespace and name is checked as a Kubernetes name before a request is built, and
+//! every path segment is percent-encoded ([`names`]).
 //!
 //! Requests go through a [`transport`] seam: the thin plugin's own HTTP/1.1 client
 //! ([`http1`], keeping `kube` out of its code path) or, in the daemon, its `kube::Client`. Both
@@ -26,6 +30,7 @@ mod events;
 mod http1;
 mod kube_transport;
 mod nads;
+pub mod names;
 mod pods;
 mod retry;
 mod status;

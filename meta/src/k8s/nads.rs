@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
+use super::names::segment;
 use super::retry;
 
 /// NAD annotation naming the device-plugin / DRA resource (e.g. `intel.com/sriov_vf`).
@@ -100,11 +101,13 @@ impl KubeClient {
             ns,
             name,
         };
-        let url = Nad::url_path(&(), Some(ns));
+        K8sError::check_names(ctx)?;
+        let url = Nad::url_path(&(), Some(&segment(ns)));
+        let name = segment(name);
         let got = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
             let req = built(
                 ctx,
-                kube::core::Request::new(&url).get(name, &Default::default()),
+                kube::core::Request::new(&url).get(&name, &Default::default()),
             )?;
             self.fetch::<Nad>(ctx, req).await
         })
@@ -167,7 +170,7 @@ mod tests {
                 }
                 _ => json_response(
                     404,
-                    r#"{"kind":"Status","code":404,"reason":"NotFound","message":"nf"}"#,
+                    r#"{"kind":"Status","code":404,"reason":"NotFound","message":"nf","details":{"name":"missing"}}"#,
                 ),
             })
         })

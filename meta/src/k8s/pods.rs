@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
+use super::names::segment;
 use super::retry::{self, RetryPolicy};
 
 /// Pod annotation set by the kubelet on static (file/http-sourced) pods.
@@ -152,7 +153,8 @@ impl KubeClient {
             ns,
             name,
         };
-        let url = format!("/api/v1/namespaces/{ns}/pods/{name}");
+        K8sError::check_names(ctx)?;
+        let url = format!("/api/v1/namespaces/{}/pods/{}", segment(ns), segment(name));
         let got = retry::run(policy, self.opts.request_timeout, ctx, || async {
             let req = http::Request::get(url.as_str()).body(Vec::new());
             let req = built(ctx, req.map_err(kube::core::request::Error::BuildRequest))?;
@@ -263,7 +265,7 @@ mod tests {
     async fn not_found_is_none_without_retry() {
         let mock = MockApi::new(vec![json_response(
             404,
-            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"pods \"p1\" not found"}"#,
+            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"pods \"p1\" not found","details":{"name":"p1","kind":"pods"}}"#,
         )]);
         let got = mock
             .client()
@@ -272,6 +274,47 @@ mod tests {
             .unwrap();
         assert!(got.is_none());
         assert_eq!(mock.requests().len(), 1);
+    }
+
+    /// A 404 that does not name the pod (a wrong server path, a proxy) is an error, not "the
+    /// pod was deleted" (which would silently give the pod its default network only).
+    #[tokio::test]
+    async fn a_404_for_a_wrong_path_is_an_error() {
+        for body in [
+            "404 page not found",
+            r#"{"kind":"Status","status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}"#,
+        ] {
+            let mock = MockApi::new(vec![json_response(404, body)]);
+            let err = mock
+                .client()
+                .get_pod("ns1", "p1", Some("u1"), fast())
+                .await
+                .unwrap_err();
+            assert!(matches!(err, K8sError::NoSuchPath { .. }), "{err:?}");
+            assert_eq!(mock.requests().len(), 1, "not retried");
+        }
+    }
+
+    /// Names that would address another object never reach the API server.
+    #[tokio::test]
+    async fn names_outside_kubernetes_names_are_not_requested() {
+        for (ns, name) in [
+            ("ns1", "../../secrets/s"),
+            ("ns1", "p1?dryRun=All"),
+            ("ns1/pods/other", "p1"),
+            ("ns1", "p1/status"),
+            ("", "p1"),
+        ] {
+            let mock = MockApi::new(vec![json_response(200, &pod_json("u1", None))]);
+            let err = mock
+                .client()
+                .get_pod(ns, name, None, fast())
+                .await
+                .unwrap_err();
+            assert!(matches!(err, K8sError::InvalidName { .. }), "{err:?}");
+            assert_eq!(err.cni_code(), 7);
+            assert!(mock.requests().is_empty(), "{ns}/{name} was requested");
+        }
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ use kube::Resource;
 
 use super::client::{built, KubeClient};
 use super::error::{Ctx, K8sError};
+use super::names::segment;
 use super::retry;
 
 /// The pod annotation holding the network status.
@@ -68,13 +69,15 @@ impl KubeClient {
             ns,
             name,
         };
-        let url = Pod::url_path(&(), Some(ns));
+        K8sError::check_names(ctx)?;
+        let url = Pod::url_path(&(), Some(&segment(ns)));
+        let segment_name = segment(name);
         let mut attempt = 1;
         loop {
             let res = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
                 let req = kube::core::Request::new(&url).patch_subresource(
                     "status",
-                    name,
+                    &segment_name,
                     &PatchParams::default(),
                     &Patch::Merge(&patch),
                 );
@@ -232,7 +235,7 @@ mod tests {
     async fn not_found_is_pod_gone() {
         let mock = MockApi::new(vec![json_response(
             404,
-            r#"{"kind":"Status","code":404,"reason":"NotFound","message":"pods \"p1\" not found"}"#,
+            r#"{"kind":"Status","code":404,"reason":"NotFound","message":"pods \"p1\" not found","details":{"name":"p1","kind":"pods"}}"#,
         )]);
         let err = mock
             .client()

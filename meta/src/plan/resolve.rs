@@ -110,10 +110,29 @@ pub fn load_path(path: &Path) -> Result<NetConfList, MetaError> {
             source,
         }
     })?;
-    NetConfList::parse(&bytes).map_err(|source| MetaError::ConfigParse {
+    let list = NetConfList::parse(&bytes).map_err(|source| MetaError::ConfigParse {
         file: path.display().to_string(),
         source: source.into(),
-    })
+    })?;
+    if let Some(dir) = unread_plugin_dir(path, &list) {
+        tracing::warn!(file = %path.display(), dir = %dir.display(),
+            "plugin files next to a .conflist are not loaded (libcni's subdirectory chaining): only the plugins inlined in the file run; inline the others, or set loadOnlyInlinedPlugins");
+    }
+    Ok(list)
+}
+
+/// `<dir>/<network name>/` when it holds `.conf` files that libcni would append to the
+/// `.conflist` at `path` (subdirectory chaining) and plexus does not: see docs/compatibility.md.
+fn unread_plugin_dir(path: &Path, list: &NetConfList) -> Option<PathBuf> {
+    if list.load_only_inlined_plugins || path.extension().is_none_or(|e| e != "conflist") {
+        return None;
+    }
+    let dir = path.parent()?.join(&list.name);
+    let has_conf = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .any(|e| e.path().extension().is_some_and(|x| x == "conf"));
+    has_conf.then_some(dir)
 }
 
 /// Resolve a NAD (already fetched) to its network, using `conf_dir` for an empty spec.
@@ -229,6 +248,37 @@ mod tests {
             "{e:?}"
         );
         assert!(e.msg().contains("db/nope"));
+    }
+
+    /// libcni's subdirectory chaining is not done (docs/compatibility.md): only the inlined
+    /// plugins run, and the directory that would have been read is named in a warning.
+    #[test]
+    fn plugin_files_next_to_a_conflist_are_not_loaded() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("10-flannel.conflist");
+        std::fs::write(
+            &file,
+            br#"{"cniVersion":"1.0.0","name":"cbr0","plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        let list = load_path(&file).unwrap();
+        assert_eq!(unread_plugin_dir(&file, &list), None);
+        std::fs::create_dir(t.path().join("cbr0")).unwrap();
+        std::fs::write(
+            t.path().join("cbr0/20-tuning.conf"),
+            br#"{"type":"tuning"}"#,
+        )
+        .unwrap();
+        let list = load_path(&file).unwrap();
+        assert_eq!(list.plugins.len(), 1, "only the inlined plugin");
+        assert_eq!(unread_plugin_dir(&file, &list), Some(t.path().join("cbr0")));
+        std::fs::write(
+            &file,
+            br#"{"cniVersion":"1.0.0","name":"cbr0","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        let list = load_path(&file).unwrap();
+        assert_eq!(unread_plugin_dir(&file, &list), None);
     }
 
     #[test]

@@ -5,12 +5,13 @@ use crate::attach;
 use crate::context::{wait_ready, Ctx};
 use crate::error::MetaError;
 use crate::inputs::{self, Inputs};
-use crate::k8s::{EventType, KubeClient};
+use crate::k8s::{names, EventType, KubeClient};
 use crate::plan::{self, PlannedAttachment};
 use crate::pod::{PodIdentity, PodInfo};
 use crate::report;
 use crate::state::SavedPlan;
 use plexus_conf::args::CniArgs;
+use plexus_conf::error::{code, CniError};
 use plexus_conf::version;
 use plexus_delegates::skel::{AddOutput, CmdArgs};
 use std::path::Path;
@@ -62,6 +63,9 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         source: source.into(),
     })?;
     let id = PodIdentity::from_args(&cni_args);
+    if let Some(id) = &id {
+        check_pod_names(id)?;
+    }
     wait_ready(&ctx.config)?;
     let client = if id.is_some() {
         inputs.client(ctx)?
@@ -109,6 +113,24 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         label,
         plan,
     })
+}
+
+/// Refuse a `K8S_POD_NAMESPACE` / `K8S_POD_NAME` that is not a Kubernetes name (code 4): it
+/// would go into API paths (`/`, `?` or `..` address another object) and into messages.
+fn check_pod_names(id: &PodIdentity) -> Result<(), MetaError> {
+    let problem = names::namespace_problem(&id.namespace)
+        .map(|why| ("K8S_POD_NAMESPACE", why))
+        .or_else(|| names::name_problem(&id.name).map(|why| ("K8S_POD_NAME", why)));
+    match problem {
+        None => Ok(()),
+        Some((key, why)) => Err(MetaError::CniArgs {
+            source: Box::new(CniError::new(
+                code::INVALID_ENV,
+                format!("CNI_ARGS {key} is not a Kubernetes name"),
+                why,
+            )),
+        }),
+    }
 }
 
 /// The part of ADD that changes things: save the plan, attach with undo, report.
@@ -284,6 +306,25 @@ mod tests {
         );
         assert_eq!(e.code(), 7);
         assert_eq!(ctx.store.load("c1", "eth0").unwrap(), Some(saved));
+
+        // A pod name or namespace that would address another API object: refused before
+        // anything runs (names from CNI_ARGS go into API paths).
+        for (ns, name, key) in [
+            ("db", "../../secrets/x", "K8S_POD_NAME"),
+            ("db", "p?dryRun=All", "K8S_POD_NAME"),
+            ("db/pods/other", "p", "K8S_POD_NAMESPACE"),
+            ("..", "p", "K8S_POD_NAMESPACE"),
+        ] {
+            let (_t, mut args) = setup("");
+            args.args = format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}");
+            let (ctx, out) = run(&args);
+            let e = out.unwrap_err();
+            assert!(matches!(e, MetaError::CniArgs { .. }), "{e:?}");
+            assert_eq!(e.code(), 4);
+            assert_eq!(e.msg(), format!("CNI_ARGS {key} is not a Kubernetes name"));
+            assert!(e.details().contains("DNS-1123"), "{}", e.details());
+            assert!(ctx.store.load("c1", "eth0").unwrap().is_none());
+        }
 
         // CHECK without a plan.
         let (_t, args) = setup("");

@@ -1,8 +1,9 @@
 //! DEL: undo everything from the plan saved at ADD, with no API request (the inputs stage is
 //! skipped; the report stage only releases DRA claims' network data). Without a usable plan
 //! the networks are taken from the delegates' result cache (each entry holds the exact config
-//! its network was added with) and from a plan rebuilt from the API when reachable, else from
-//! the static config; cleanup still runs. Repeated DELs succeed at once.
+//! its network was added with) and from a plan rebuilt from the API when it answers at once (one
+//! attempt, no retry budget: [`Inputs::pod_quick`]), else from the static config; cleanup still
+//! runs. Repeated DELs succeed at once.
 //!
 //! When a delegate DEL fails the plan is kept and the error returned, so the runtime's retry
 //! runs the same plan again. With `retryDeleteOnError` (Multus' name) that goes on until it
@@ -25,6 +26,7 @@ use plexus_conf::error::code;
 use plexus_delegates::cache::CachedAttachment;
 use plexus_delegates::netns::NetNs;
 use plexus_delegates::skel::CmdArgs;
+use std::path::Path;
 
 /// Failed DEL attempts after which plexus stops retrying (without `retryDeleteOnError`).
 pub const MAX_DEL_ATTEMPTS: u32 = 3;
@@ -85,6 +87,13 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
             None
         }
     };
+    // The plan is saved before any delegate runs: an ADD that ran some left one.
+    if let Some(s) = saved
+        .as_ref()
+        .filter(|s| lock.is_some() && !s.netns.is_empty())
+    {
+        kill_orphaned_adds(Path::new("/proc"), &args.container_id, &s.netns);
+    }
     let (mut record, netns) = match saved {
         Some(s) => {
             let netns = pick_netns(&args.netns, &s.netns);
@@ -155,6 +164,61 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
             Err(e)
         }
     }
+}
+
+/// Kill what is left of an ADD for this container whose plexus died (SIGKILL, OOM kill): the
+/// delegates themselves die with plexus (parent-death signal), but their own children — an IPAM
+/// plugin — do not, and would finish the ADD after this DEL (a leaked lease). Under the
+/// container lock no live ADD of this plexus runs, so every process whose environment has
+/// `CNI_COMMAND=ADD`, this `CNI_CONTAINERID` and the `CNI_NETNS` the ADD recorded is such an
+/// orphan (the netns keeps another plexus' calls — another `cniDir`, a test — out of it).
+/// Returns how many were killed.
+fn kill_orphaned_adds(proc_root: &Path, container_id: &str, netns: &str) -> usize {
+    let _phase = plexus_delegates::timing::phase("orphan_scan");
+    let Ok(entries) = std::fs::read_dir(proc_root) else {
+        return 0;
+    };
+    let me = std::process::id();
+    let want_id = format!("CNI_CONTAINERID={container_id}");
+    let want_netns = format!("CNI_NETNS={netns}");
+    let mut killed = Vec::new();
+    for pid in entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| u32::try_from(*pid).ok() != Some(me))
+    {
+        let Ok(env) = std::fs::read(proc_root.join(pid.to_string()).join("environ")) else {
+            continue;
+        };
+        let mut vars = env.split(|b| *b == 0);
+        let (mut add, mut ours, mut same_netns) = (false, false, false);
+        for v in &mut vars {
+            add |= v == b"CNI_COMMAND=ADD";
+            ours |= v == want_id.as_bytes();
+            same_netns |= v == want_netns.as_bytes();
+        }
+        if add && ours && same_netns {
+            let target = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL).is_ok() {
+                killed.push(pid);
+            }
+        }
+    }
+    if !killed.is_empty() {
+        tracing::warn!(container = %container_id, pids = ?killed,
+            "killed what an interrupted ADD left running, before deleting");
+        // Let the kernel tear them down (their files and locks) before the delegates' DEL.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline
+            && killed.iter().any(|p| {
+                std::fs::read_to_string(proc_root.join(p.to_string()).join("stat"))
+                    .is_ok_and(|s| !s.contains(") Z "))
+            })
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    killed.len()
 }
 
 /// After every delegate DEL succeeded: drop the plan and leave a tombstone, but only when
@@ -257,14 +321,24 @@ fn rebuild(
     label: &str,
 ) -> Result<Vec<PlannedAttachment>, MetaError> {
     tracing::info!(container = %args.container_id, "no saved plan: rebuilding it for DEL");
-    let pod = id.and_then(|id| inputs.pod(ctx, id).ok().flatten());
+    // One quick attempt: an API server that is down must not hold the pod's teardown, and
+    // then the NADs are not asked for either.
+    let mut api_down = false;
+    let pod = match id {
+        Some(id) => inputs.pod_quick(ctx, id).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the pod; rebuilding from the static config");
+            api_down = true;
+            None
+        }),
+        None => None,
+    };
     let requests = planner::requests(&ctx.config, pod.as_ref()).unwrap_or_default();
     let refs = planner::nad_refs(
         &requests,
         pod.as_ref().map(|p| p.id.namespace.as_str()).unwrap_or(""),
     );
     // Without a pod identity there is no API to ask (as at ADD).
-    let nads = if refs.is_empty() || id.is_none() {
+    let nads = if refs.is_empty() || id.is_none() || api_down {
         planner::NadMap::new()
     } else {
         inputs.nads(ctx, &refs, label).unwrap_or_default()
@@ -381,6 +455,87 @@ mod tests {
         // The cached entry's config and CNI_ARGS are what DEL runs.
         assert_eq!(plan[1].config["type"], "macvlan");
         assert_eq!(plan[1].cni_args, "K8S_POD_NAME=p");
+    }
+
+    /// A DEL without a plan while the API server is down asks it once (no retry budget: DEL
+    /// must not keep a pod's teardown waiting) and does not go on to the NADs.
+    #[test]
+    fn a_del_without_a_plan_asks_a_down_api_once() {
+        use crate::inputs::api::ApiInputs;
+        use crate::k8s::testutil::{json_response, MockApi};
+        use plexus_delegates::skel::Command;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let _in_rt = rt.enter();
+        let mock = MockApi::repeating(json_response(
+            503,
+            r#"{"kind":"Status","code":503,"reason":"ServiceUnavailable","message":"down"}"#,
+        ));
+        let t = tempfile::tempdir().unwrap();
+        let config = format!(
+            r#"{{"cniVersion":"1.0.0","name":"p","type":"plexus","cniDir":"{}","binDir":"{}",
+               "delegates":[{{"cniVersion":"1.0.0","name":"cbr0","type":"not-installed"}}]}}"#,
+            t.path().join("state").display(),
+            t.path().display()
+        );
+        let args = CmdArgs {
+            command: Command::Del,
+            container_id: "c1".into(),
+            netns: String::new(),
+            ifname: "eth0".into(),
+            args: "K8S_POD_NAMESPACE=db;K8S_POD_NAME=p;K8S_POD_UID=u1".into(),
+            path: vec![],
+            stdin: config.into_bytes(),
+        };
+        let mut ctx = Ctx::new(&args, None)
+            .unwrap()
+            .with_shared(rt.handle().clone(), Some(mock.client()));
+        let started = std::time::Instant::now();
+        del(&mut ctx, &mut ApiInputs, &args).unwrap();
+        let took = started.elapsed();
+        let reqs = mock.requests();
+        assert_eq!(reqs.len(), 1, "{reqs:?}");
+        assert!(took < std::time::Duration::from_millis(1000), "{took:?}");
+    }
+
+    /// What an interrupted ADD left running for this container (an IPAM plugin under a killed
+    /// delegate) is killed before DEL; other containers' and other verbs' processes are not.
+    #[test]
+    fn orphans_of_an_interrupted_add_are_killed() {
+        let cid = format!("orphan-test-{}", std::process::id());
+        let spawn = |command: &str, id: &str, netns: &str| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env("CNI_COMMAND", command)
+                .env("CNI_CONTAINERID", id)
+                .env("CNI_NETNS", netns)
+                .spawn()
+                .unwrap()
+        };
+        let mut orphan = spawn("ADD", &cid, "/run/netns/a");
+        let mut other = spawn("ADD", &format!("{cid}-other"), "/run/netns/a");
+        let mut deleting = spawn("DEL", &cid, "/run/netns/a");
+        let mut elsewhere = spawn("ADD", &cid, "/run/netns/b");
+        // Wait until exec has replaced the environment of all of them.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(
+            kill_orphaned_adds(Path::new("/proc"), &cid, "/run/netns/a"),
+            1
+        );
+        let status = orphan.wait().unwrap();
+        assert!(!status.success(), "killed: {status:?}");
+        for c in [&mut other, &mut deleting, &mut elsewhere] {
+            assert!(c.try_wait().unwrap().is_none(), "left alone");
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        assert_eq!(
+            kill_orphaned_adds(Path::new("/nonexistent"), &cid, "/run/netns/a"),
+            0
+        );
     }
 
     #[test]
