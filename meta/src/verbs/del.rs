@@ -87,10 +87,14 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
             None
         }
     };
-    // The plan is saved before any delegate runs: an ADD that ran some left one.
+    // The plan is saved before any delegate runs: an ADD that ran some left one. Each delegate
+    // that finished its ADD left a cached result, so only a plan with an attachment but no
+    // cached result can have an interrupted delegate (and its children) still running: the
+    // /proc scan stays off the common DEL path.
     if let Some(s) = saved
         .as_ref()
         .filter(|s| lock.is_some() && !s.netns.is_empty())
+        .filter(|s| add_may_have_been_interrupted(ctx, &args.container_id, s))
     {
         kill_orphaned_adds(Path::new("/proc"), &args.container_id, &s.netns);
     }
@@ -164,6 +168,19 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
             Err(e)
         }
     }
+}
+
+/// Whether some attachment of `saved` has no cached result (its delegate's ADD did not finish,
+/// or no result cache is kept): only then can an interrupted ADD have left processes behind.
+fn add_may_have_been_interrupted(ctx: &Ctx, container_id: &str, saved: &SavedPlan) -> bool {
+    let Some(cache) = ctx.runtime.cache.as_ref() else {
+        return true;
+    };
+    let cached = cache.list_container(container_id);
+    saved
+        .attachments
+        .iter()
+        .any(|a| !cached.iter().any(|c| c.if_name == a.ifname))
 }
 
 /// Kill what is left of an ADD for this container whose plexus died (SIGKILL, OOM kill): the
