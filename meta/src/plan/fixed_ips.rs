@@ -135,6 +135,20 @@ mod tests {
     }
 
     #[test]
+    fn the_owner_comes_from_the_pod_object_read_from_the_api() {
+        let owned = |kind: &str, controller: bool| {
+            let p = crate::k8s::pod_from_json(serde_json::json!({"metadata":{
+                "name":"mysql-1","namespace":"db","ownerReferences":[
+                    {"apiVersion":"apps/v1","kind":kind,"name":"mysql","uid":"u","controller":controller}]}}))
+            .unwrap();
+            PodInfo::from_pod(&p, &pod("mysql-1", None).id).statefulset
+        };
+        assert_eq!(owned("StatefulSet", true).as_deref(), Some("mysql"));
+        assert_eq!(owned("StatefulSet", false), None);
+        assert_eq!(owned("ReplicaSet", true), None);
+    }
+
+    #[test]
     fn misuse_is_a_clear_error_naming_pod_network_and_address() {
         let n = nads(MACVLAN, Some(MAP));
         // Replica 4 of a 5-replica set with 4 addresses mapped.
