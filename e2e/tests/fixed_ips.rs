@@ -195,6 +195,52 @@ fn replicas_get_their_ordinals_address_and_no_address_is_given_twice() {
 }
 
 #[test]
+fn a_successor_waits_for_the_old_replica_still_attached_on_this_node() {
+    let node = Node::new(74);
+    let (old_ns, new_ns) = (Netns::new(), Netns::new());
+    node.pod("mysql-0", Some("mysql"), json!("data"));
+    node.call("ADD", "mysql-0", &old_ns).ok();
+    // The controller recreated mysql-0 (a new UID) while the old sandbox is not torn down yet.
+    let mut pod = node.api.get_pod("db", "mysql-0").unwrap();
+    pod["metadata"]["uid"] = json!("uid-mysql-0-new");
+    pod["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(STATUS);
+    node.api.put_pod(pod).unwrap();
+    let args = "K8S_POD_INFRA_CONTAINER_ID=cid-new;K8S_POD_UID=uid-mysql-0-new;IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=mysql-0";
+    let call = |command: &str| {
+        run(
+            &bin("plexus"),
+            &Call {
+                command,
+                container_id: "cid-new",
+                netns: &new_ns.path(),
+                ifname: "eth0",
+                args,
+            },
+            &node.config(),
+            &[],
+        )
+    };
+    let r = call("ADD");
+    let e = r.err();
+    assert_eq!(e["code"], 11, "{e}");
+    let msg = e["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("earlier pod db/mysql-0 (UID uid-mysql-0") && msg.contains("cid-mysql-0"),
+        "{e}"
+    );
+    assert_eq!(new_ns.links(), vec!["lo"]);
+    // The runtime tears the old sandbox down: the successor gets the address.
+    node.call("DEL", "mysql-0", &old_ns).ok();
+    call("ADD").ok();
+    assert_eq!(new_ns.addrs("net1"), vec![format!("{}/24", node.addr(0))]);
+    call("DEL").ok();
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+#[test]
 fn the_owner_is_read_when_the_runtime_passed_the_annotations() {
     let mut node = Node::new(72);
     node.extra = json!({"capabilities":{"io.kubernetes.cri.pod-annotations":true},
