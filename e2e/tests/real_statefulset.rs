@@ -329,13 +329,22 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
-    /// The pod exists, is not Running, and carries plexus' AddInterfaceFailed event with `msg`.
+    /// The pod exists, is not Running, and carries plexus' AddInterfaceFailed event with `msg`
+    /// (an event of this pod object: an earlier pod of the same name had its own).
     fn expect_refused(&self, name: &str, msg: &str) -> Result<()> {
         let mut seen = Vec::new();
+        let mut uid = Value::Null;
+        wait_for(&format!("{name} created"), WAIT, || {
+            uid = self
+                .pod(name)?
+                .map_or(Value::Null, |p| p["metadata"]["uid"].clone());
+            Ok(!uid.is_null())
+        })?;
         wait_for(&format!("{name}'s AddInterfaceFailed event"), WAIT, || {
             seen = self.api.events(NS, name)?;
             Ok(seen.iter().any(|e| {
                 e["reason"] == "AddInterfaceFailed"
+                    && e["involvedObject"]["uid"] == uid
                     && e["message"].as_str().is_some_and(|m| m.contains(msg))
             }))
         })
