@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node, PRIMARY_CONF};
+use plexus_e2e::realk8s::node::{wait_for, Node, PRIMARY_CONF};
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
 };
@@ -120,6 +120,9 @@ struct Tier<'a> {
     controllers: Option<Proc>,
     daemon: Option<Proc>,
     metrics_port: u16,
+    /// The netns of every replica checked (all must be gone at the end; other tiers on the
+    /// machine make netns of their own, so the host's list is no measure).
+    netns_seen: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 impl<'a> Tier<'a> {
@@ -149,6 +152,7 @@ impl<'a> Tier<'a> {
             controllers: None,
             daemon: None,
             metrics_port: free_port()?,
+            netns_seen: Default::default(),
         })
     }
 
@@ -304,6 +308,7 @@ impl<'a> Tier<'a> {
             ensure!(got == want(o), "{name} has {got} on net1, want {}", want(o));
             let uid = last["metadata"]["uid"].as_str().unwrap_or("");
             let (_, netns) = self.node.pod_sandbox(uid)?;
+            self.netns_seen.borrow_mut().insert(netns.clone());
             let ifs = pods::interfaces(&netns)?;
             let ips = ifs.get("net1").map(|i| i.ips.clone()).unwrap_or_default();
             ensure!(ips == vec![want(o)], "{name}: net1 in the pod has {ips:?}");
@@ -515,12 +520,26 @@ impl<'a> Tier<'a> {
                 .unwrap_or(0);
             Ok(plans == 0)
         })?;
-        let left: Vec<String> = cni_netns()
-            .difference(self.node.netns_before())
-            .cloned()
-            .collect();
-        ensure!(left.is_empty(), "netns left: {left:?}");
-        Ok(())
+        // The runtime tears sandboxes down after the pod objects are gone.
+        let seen = self.netns_seen.borrow().clone();
+        ensure!(seen.len() >= 5, "only {} netns seen", seen.len());
+        let mut left = Vec::new();
+        wait_for("the replicas' netns gone", Duration::from_secs(30), || {
+            left = seen
+                .iter()
+                .filter(|n| Path::new(n).exists())
+                .cloned()
+                .collect();
+            let sandboxes = self.node.cri().sandboxes(None)?;
+            left.extend(
+                sandboxes
+                    .iter()
+                    .filter(|s| s.state == 0)
+                    .map(|s| format!("ready sandbox {}", s.id)),
+            );
+            Ok(left.is_empty())
+        })
+        .with_context(|| format!("netns left: {left:?}"))
     }
 
     fn stop(&mut self) {
