@@ -60,6 +60,13 @@ fn check(block: &str) -> Result<&'static str, String> {
             .map(|_| "networks annotation")
             .map_err(|e| e.to_string());
     }
+    if let Some(m) = v.as_object().filter(|m| m.values().all(Value::is_array)) {
+        if !m.is_empty() {
+            return plexus_conf::k8s::fixed_ips::FixedIps::parse("docs", block)
+                .map(|_| "fixed-ips mapping")
+                .map_err(|e| e.to_string());
+        }
+    }
     NetConfList::parse(block.as_bytes())
         .map(|_| "network config")
         .map_err(|e| e.to_string())

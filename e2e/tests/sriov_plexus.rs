@@ -237,6 +237,22 @@ fn two_pods_asking_for_the_same_vf() {
     rig.pod("pg-a");
     rig.pod("pg-b");
     rig.plexus("ADD", "pg-a", &a.path()).ok();
+    // The NAD's static address is held by pg-a: refused (11) before the VF is even tried.
+    let e = rig.plexus("ADD", "pg-b", &b.path()).err().clone();
+    assert_eq!(e["code"], 11, "{e}");
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains("address 10.56.217.10 is in use by pod bank/pg-a"),
+        "{e}"
+    );
+    // With an address of its own, the VF conflict itself refuses pg-b.
+    let nad = json!({"cniVersion":"1.0.0","type":"sriov","deviceID":VF0,"vlan":100,
+        "ipam":{"type":"static","addresses":[{"address":"10.56.217.11/24"}]}});
+    rig.api
+        .put_nad("bank", "sriov-data", &nad.to_string(), &[])
+        .unwrap();
     let e = rig.plexus("ADD", "pg-b", &b.path()).err().clone();
     assert!(e.to_string().contains(VF0), "{e}");
     assert_eq!(b.links(), vec!["lo"], "second pod rolled back");

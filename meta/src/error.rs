@@ -268,6 +268,27 @@ pub enum MetaError {
         #[source]
         source: Box<CniError>,
     },
+    /// A NAD's `plexus.cni.io/fixed-ips` mapping is invalid for the network, or names no
+    /// address for this replica (7).
+    FixedIps {
+        /// Pod label.
+        pod: String,
+        /// `plexus-conf`'s validation or lookup error (names the network).
+        #[source]
+        source: Box<CniError>,
+    },
+    /// A static address of the plan is held by another live pod (11: retried until the holder
+    /// releases it).
+    AddressInUse {
+        /// Pod label.
+        pod: String,
+        /// The network.
+        network: String,
+        /// The address.
+        address: String,
+        /// Who holds it (`pod ns/name`, with where it was seen).
+        holder: String,
+    },
 
     // ---- devices ----
     /// The kubelet's device checkpoint cannot be read (11).
@@ -620,6 +641,7 @@ impl MetaError {
             | ConfigParse { source, .. }
             | NetworkConfig { source, .. }
             | PluginMissing { source, .. }
+            | FixedIps { source, .. }
             | CheckpointInvalid { source, .. }
             | Delegate { source }
             | ResultCache { source }
@@ -640,7 +662,8 @@ impl MetaError {
             | ClaimMissing { .. }
             | ClaimNotAllocated { .. }
             | DaemonUnreachable { .. }
-            | DaemonNoAnswer { .. } => code::TRY_AGAIN_LATER,
+            | DaemonNoAnswer { .. }
+            | AddressInUse { .. } => code::TRY_AGAIN_LATER,
             StatusNotReady { .. } | StatusPluginMissing { .. } => code::NOT_AVAILABLE,
             Isolation { .. }
             | NadNotFound { .. }
@@ -829,6 +852,16 @@ impl MetaError {
             MultipleDefaultRoutes { pod } => (
                 format!("{pod}: more than one default-route gateway per IP family"),
                 "ECMP default routes are not supported: request one IPv4 and one IPv6 gateway at most".into(),
+            ),
+            FixedIps { pod, source } => (prefixed(pod, &source.msg), source.details.clone()),
+            AddressInUse {
+                pod,
+                network,
+                address,
+                holder,
+            } => (
+                format!("{pod}, network {network}: address {address} is in use by {holder}"),
+                "plexus never hands out one address twice: the ADD is retried and succeeds once the holder is gone (a replica still terminating); otherwise give each pod its own address (fixed-ips mapping, annotation ips, NAD static IPAM)".into(),
             ),
             CheckpointUnreadable { pod, path, source } => (
                 format!("{pod}: cannot find the devices the kubelet allocated"),
@@ -1123,6 +1156,8 @@ mod tests {
             MetaPluginDelegate { .. } => "MetaPluginDelegate",
             MultipleDefaultRoutes { .. } => "MultipleDefaultRoutes",
             PluginMissing { .. } => "PluginMissing",
+            FixedIps { .. } => "FixedIps",
+            AddressInUse { .. } => "AddressInUse",
             CheckpointUnreadable { .. } => "CheckpointUnreadable",
             CheckpointInvalid { .. } => "CheckpointInvalid",
             DevicesUnavailable { .. } => "DevicesUnavailable",
@@ -1163,7 +1198,7 @@ mod tests {
         }
     }
 
-    const ALL: usize = 65;
+    const ALL: usize = 67;
 
     /// One example per variant (several where the code depends on the cause) and the code
     /// docs/design.md's "Error codes" table gives it. One row per line: a table.
@@ -1211,6 +1246,8 @@ mod tests {
             (MetaPluginDelegate { pod: pod(), network: s("db/l"), plugin_type: s("multus") }, 7),
             (MultipleDefaultRoutes { pod: pod() }, 7),
             (PluginMissing { pod: pod(), network: s("db/mv"), source: cni(7) }, 7),
+            (FixedIps { pod: pod(), source: cni(7) }, 7),
+            (AddressInUse { pod: pod(), network: s("db/mv"), address: s("10.1.1.5"), holder: s("pod db/q") }, 11),
             // Devices: 11 while the kubelet or the scheduler may still provide them.
             (unreadable(), 11),
             (CheckpointInvalid { pod: pod(), source: cni(6) }, 6),

@@ -8,6 +8,7 @@
 //! [`report`] (network-status, events). [`verbs`] holds ADD, DEL, CHECK/STATUS/GC and
 //! `plexus explain` side by side.
 
+pub mod address_guard;
 pub mod attach;
 pub mod cli;
 pub mod context;

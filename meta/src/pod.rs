@@ -51,6 +51,8 @@ pub struct PodInfo {
     /// The pod's DRA claims; `None` when the pod object was not read (the runtime passed the
     /// annotations).
     pub claims: Option<PodClaims>,
+    /// The StatefulSet controlling the pod (its controller `ownerReference`), if any.
+    pub statefulset: Option<String>,
 }
 
 impl PodInfo {
@@ -64,8 +66,20 @@ impl PodInfo {
             },
             annotations: pod.metadata.annotations.clone().unwrap_or_default(),
             claims: Some(PodClaims::from_pod(pod)),
+            statefulset: statefulset_of(pod),
         }
     }
+}
+
+/// The name of the StatefulSet controlling `pod` (the controller `ownerReference` of kind
+/// `StatefulSet`, of any API group: `apps/v1` or OpenKruise's).
+pub fn statefulset_of(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+        .map(|o| o.name.clone())
 }
 
 /// The DRA side of a pod: which ResourceClaims hold its devices, on which node.

@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod devinfo;
+pub mod fixed_ips;
 pub mod nad;
 pub mod network_status;
 pub mod selection;

@@ -93,6 +93,7 @@ pub fn pod_from_runtime(config: &PlexusConfig, id: Option<&PodIdentity>) -> Opti
             .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
             .collect(),
         claims: None,
+        statefulset: None,
     })
 }
 

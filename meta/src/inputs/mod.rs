@@ -143,6 +143,7 @@ mod tests {
                 claims: vec!["pg-vfs".into()],
                 extended: None,
             }),
+            ..Default::default()
         }
     }
 
@@ -162,6 +163,7 @@ mod tests {
             Some(NadData {
                 config: r#"{"cniVersion":"1.0.0","type":"sriov"}"#.into(),
                 resource_name: Some("intel.com/sriov".into()),
+                ..Default::default()
             }),
         );
         files.devices = DeviceInputs {

@@ -47,6 +47,9 @@ struct MetaView {
     namespace: Option<String>,
     uid: Option<String>,
     annotations: Option<BTreeMap<String, String>>,
+    /// For the StatefulSet of a replica (fixed-ips).
+    #[serde(rename = "ownerReferences")]
+    owner_references: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,6 +123,7 @@ impl PodView {
                 namespace: self.metadata.namespace,
                 uid: self.metadata.uid,
                 annotations: self.metadata.annotations,
+                owner_references: self.metadata.owner_references,
                 ..ObjectMeta::default()
             },
             spec: self.spec.node_name.map(|n| PodSpec {

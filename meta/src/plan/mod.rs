@@ -7,8 +7,10 @@
 //! - [`requests`]: what the pod asks for (annotations, `clusterNetwork`, `defaultNetworks`,
 //!   isolation) and which NADs that needs;
 //! - [`resolve`]: network references → configs (NADs, files, `confDir`);
+//! - [`fixed_ips`]: StatefulSet replicas' addresses from their NADs' mappings;
 //! - [`build`]: the attachments, interface names, injected args, devices, default routes.
 
+pub mod fixed_ips;
 pub mod requests;
 pub mod resolve;
 
@@ -89,12 +91,19 @@ pub fn for_pod(
     container_id: &str,
     read: &crate::inputs::Read,
 ) -> Result<Vec<PlannedAttachment>, MetaError> {
+    // StatefulSet replicas: the addresses their NADs' fixed-ips mappings give them.
+    let fixed = fixed_ips::apply(
+        std::path::Path::new(&config.conf_dir),
+        read.pod.as_ref(),
+        &read.requests,
+        &read.nads,
+    )?;
     let mut plan = requests::make_plan(
         config,
         ifname,
         cni_args,
         read.pod.as_ref(),
-        &read.requests,
+        &fixed,
         &read.nads,
         read.devices.as_ref(),
     )?;

@@ -260,14 +260,14 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            claims: None,
+            ..Default::default()
         }
     }
 
     fn nad(cfg: &str) -> Option<NadData> {
         Some(NadData {
             config: cfg.into(),
-            resource_name: None,
+            ..Default::default()
         })
     }
 

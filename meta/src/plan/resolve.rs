@@ -17,6 +17,8 @@ pub struct NadData {
     pub config: String,
     /// The `k8s.v1.cni.cncf.io/resourceName` annotation, if any.
     pub resource_name: Option<String>,
+    /// The `plexus.cni.io/fixed-ips` annotation (addresses per StatefulSet replica), if any.
+    pub fixed_ips: Option<String>,
 }
 
 impl NadData {
@@ -25,6 +27,12 @@ impl NadData {
         NadData {
             config: n.config().unwrap_or_default().to_string(),
             resource_name: n.resource_name().map(str::to_string),
+            fixed_ips: n
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(plexus_conf::k8s::fixed_ips::FIXED_IPS_ANNOTATION))
+                .cloned(),
         }
     }
 }

@@ -24,6 +24,8 @@ struct Prepared {
     pod: Option<PodInfo>,
     label: String,
     plan: Vec<PlannedAttachment>,
+    /// The node's static-address lock, held until the plan is saved (crate::address_guard).
+    address_lock: Option<plexus_delegates::lock::FileLock>,
 }
 
 /// Run ADD with its inputs read from `inputs`.
@@ -81,7 +83,8 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         .map(|p| format!("pod {}", p.key()))
         .unwrap_or_else(|| format!("container {}", args.container_id));
     let planned = inputs::read(ctx, inputs, pod.clone(), &label)
-        .and_then(|read| {
+        .and_then(|mut read| {
+            crate::address_guard::complete_owner(ctx, client.as_ref(), &mut read)?;
             plan::for_pod(
                 &ctx.config,
                 &args.ifname,
@@ -90,9 +93,13 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
                 &read,
             )
         })
-        .and_then(|plan| attach::validate_plugins(&ctx.runtime, &plan, &label).map(|()| plan));
-    let plan = match planned {
-        Ok(plan) => plan,
+        .and_then(|plan| attach::validate_plugins(&ctx.runtime, &plan, &label).map(|()| plan))
+        .and_then(|plan| {
+            crate::address_guard::check(ctx, client.as_ref(), id.as_ref(), &plan)
+                .map(|lock| (plan, lock))
+        });
+    let (plan, address_lock) = match planned {
+        Ok(planned) => planned,
         Err(e) => {
             // The pod author's mistakes (a missing NAD, a bad annotation) show on the pod.
             report::event(
@@ -112,6 +119,7 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         pod,
         label,
         plan,
+        address_lock,
     })
 }
 
@@ -141,6 +149,7 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         pod,
         label,
         plan,
+        address_lock,
     } = p;
     // From here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
@@ -166,6 +175,7 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         id.clone(),
         plan.clone(),
     ))?;
+    drop(address_lock);
     crate::devices::devinfo::seed(&plan, Path::new(&ctx.config.device_info_dir));
     let done = match attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label) {
         Ok(d) => d,

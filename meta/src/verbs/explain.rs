@@ -17,9 +17,11 @@ use serde_json::{json, Value};
 
 pub use crate::inputs::files::DeviceInputs;
 
-const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname eth0]
+const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--pod-name NAME] [--nad FILE]... [--ifname eth0]
                       [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...
   Prints the attachment plan ADD would run for the pod, or the CNI error ADD would return.
+  --pod may be a StatefulSet: the plan is its replica --pod-name (default: ordinal 0), with the
+  fixed address its NADs' plexus.cni.io/fixed-ips mapping gives that replica.
   Files are JSON manifests (kubectl get -o json); a List of objects is accepted for --nad,
   --claims and --slices. --device gives a device-plugin allocation (the kubelet's); --claims
   and --slices give the DRA objects behind the pod's status.resourceClaimStatuses.";
@@ -43,6 +45,49 @@ fn objects(v: Value) -> Vec<Value> {
         Some(items) => items.clone(),
         None => vec![v],
     }
+}
+
+/// The StatefulSet of a pod manifest: its controller `ownerReference` of kind `StatefulSet`.
+fn statefulset_owner(pod: &Value) -> Option<String> {
+    pod.pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == json!(true) && o["kind"] == "StatefulSet")
+        .and_then(|o| o["name"].as_str())
+        .map(str::to_string)
+}
+
+/// The pod manifest `explain` plans for: a Pod as given, or replica `pod_name` (default: the
+/// first) of a StatefulSet manifest — its template, named and owned like the controller does.
+pub fn pod_manifest(manifest: Value, pod_name: Option<&str>) -> Value {
+    let mut pod = if manifest["kind"] == "StatefulSet" {
+        let set = manifest
+            .pointer("/metadata/name")
+            .cloned()
+            .unwrap_or(json!(""));
+        let template = manifest
+            .pointer("/spec/template")
+            .cloned()
+            .unwrap_or(json!({}));
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": format!("{}-0", set.as_str().unwrap_or("")),
+                "namespace": manifest.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null),
+                "annotations": template.pointer("/metadata/annotations").cloned().unwrap_or(json!({})),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set,
+                                     "uid": "", "controller": true}],
+            },
+            "spec": template.get("spec").cloned().unwrap_or(json!({})),
+        })
+    } else {
+        manifest
+    };
+    if let (Some(name), Some(meta)) = (pod_name, pod.get_mut("metadata")) {
+        meta["name"] = json!(name);
+    }
+    pod
 }
 
 /// Compute the plan as JSON, or the error ADD would return.
@@ -79,6 +124,7 @@ pub fn explain(
         claims: crate::k8s::pod_from_json(pod.clone())
             .ok()
             .map(|p| crate::pod::PodClaims::from_pod(&p)),
+        statefulset: statefulset_owner(pod),
     };
     let mut map = NadMap::new();
     for n in nads {
@@ -102,11 +148,18 @@ pub fn explain(
             .and_then(|a| a.get(plexus_conf::k8s::selection::RESOURCE_NAME_ANNOTATION))
             .and_then(Value::as_str)
             .map(str::to_string);
+        let fixed_ips = n
+            .get("metadata")
+            .and_then(|m| m.get("annotations"))
+            .and_then(|a| a.get(plexus_conf::k8s::fixed_ips::FIXED_IPS_ANNOTATION))
+            .and_then(Value::as_str)
+            .map(str::to_string);
         map.insert(
             (nns, meta_str(n, "name")),
             Some(NadData {
                 config,
                 resource_name,
+                fixed_ips,
             }),
         );
     }
@@ -158,6 +211,7 @@ pub fn explain(
 pub fn main(argv: &[String]) -> i32 {
     let mut config = None;
     let mut pod = None;
+    let mut pod_name = None;
     let mut nads = Vec::new();
     let mut ifname = "eth0".to_string();
     let mut devices = DeviceInputs::default();
@@ -169,6 +223,7 @@ pub fn main(argv: &[String]) -> i32 {
         match a.as_str() {
             "--config" => config = val(),
             "--pod" => pod = val(),
+            "--pod-name" => pod_name = val(),
             "--nad" => nads.extend(val()),
             "--ifname" => ifname = val().unwrap_or(ifname),
             "--claims" => claim_files.extend(val()),
@@ -198,7 +253,7 @@ pub fn main(argv: &[String]) -> i32 {
     };
     let mut run = || -> Result<Value, MetaError> {
         let cfg = read_file(&config)?;
-        let pod = read_json(&pod)?;
+        let pod = pod_manifest(read_json(&pod)?, pod_name.as_deref());
         let mut all = Vec::new();
         for n in &nads {
             all.extend(objects(read_json(n)?));

@@ -1,0 +1,553 @@
+//! StatefulSet tier: fixed addresses bound to replica identity (NAD annotation
+//! `plexus.cni.io/fixed-ips`) on a real one-node cluster — kube-apiserver, the real
+//! kube-scheduler (binds the replicas) and kube-controller-manager running the statefulset
+//! controller, a real kubelet and containerd (`plexus_e2e::realk8s::node`) with a bridge primary.
+//! Plexus runs with a TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml +
+//! rbac-fixed-ips.yaml + rbac-daemon.yaml) and declares the runtime's pod-annotations capability
+//! (so the owner of a replica is read with one GET when a NAD has a mapping).
+//!
+//! Cases, in order, thin mode: 3 replicas get the 3 mapped addresses; a deleted replica comes
+//! back with its address; 3 → 5 with 4 mapped: replica 4 gets a clear event and no network;
+//! down to 2 and up to 4 again; the mapping changed while pods run (running ones keep theirs,
+//! a recreated one gets the new one); a NAD with a static address used by a 2-replica set and a
+//! pod asking for a replica's address: never one address twice (AddressInUse event). Then daemon
+//! mode (plexus-daemon, the shim): the replicas again, a recreated one with its address, the
+//! unmapped ordinal refused. Finally everything deleted: no plan, netns or pod left.
+//!
+//! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
+
+#[allow(dead_code)]
+#[path = "real_node/api.rs"]
+mod api;
+mod common;
+#[allow(dead_code)]
+#[path = "real_node/pods.rs"]
+mod pods;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use plexus_e2e::realk8s::node::{wait_for, Node, PRIMARY_CONF};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
+};
+use serde_json::{json, Value};
+
+use api::Api;
+use pods::{network_status, running, wait_until_plexus_is_in_the_path, IMAGE, NETWORKS};
+
+const NS: &str = "sts";
+const NODE: &str = "plexus-snode";
+const MAPPING: &str = "plexus.cni.io/fixed-ips";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn addr(ord: usize) -> String {
+    format!("10.246.0.1{ord}")
+}
+
+/// The initial mapping: 4 addresses for StatefulSet mysql.
+fn mapping(one: &str) -> String {
+    json!({"mysql": [format!("{}/24", addr(0)), format!("{one}/24"),
+                     format!("{}/24", addr(2)), format!("{}/24", addr(3))]})
+    .to_string()
+}
+
+fn main() -> ExitCode {
+    let Some(cp) = control_plane_or_skip() else {
+        return ExitCode::SUCCESS;
+    };
+    let Some(mut tier) = setup_or_report("real_statefulset", &cp, Tier::start(&cp, cp.bins()))
+    else {
+        return ExitCode::FAILURE;
+    };
+    let mut suite = Suite::new("real_statefulset");
+    let installed = tier.install();
+    let ok = installed.is_ok();
+    suite.case("scheduler_controller_manager_and_plexus_running", || {
+        installed
+    });
+    if ok {
+        suite.case("three_replicas_get_the_three_mapped_addresses", || {
+            tier.apply_set("mysql", "data", 3)?;
+            tier.expect_addresses(&[0, 1, 2], &|o| addr(o))
+        });
+        suite.case("deleted_replica_comes_back_with_its_address", || {
+            tier.recreate("mysql-1")?;
+            tier.expect_addresses(&[0, 1, 2], &|o| addr(o))
+        });
+        suite.case(
+            "scale_3_to_5_with_4_mapped_replica_4_gets_an_event_and_no_network",
+            || {
+                tier.scale("mysql", 5)?;
+                tier.expect_addresses(&[0, 1, 2, 3], &|o| addr(o))?;
+                tier.expect_refused("mysql-4", "no fixed address for mysql-4")
+            },
+        );
+        suite.case("scale_down_to_2_and_up_to_4_again", || {
+            tier.scale("mysql", 2)?;
+            tier.wait_gone(&["mysql-2", "mysql-3", "mysql-4"])?;
+            tier.scale("mysql", 4)?;
+            tier.expect_addresses(&[0, 1, 2, 3], &|o| addr(o))
+        });
+        suite.case("mapping_changed_while_pods_run", || tier.mapping_changed());
+        suite.case("a_static_address_is_never_given_twice", || {
+            tier.never_twice()
+        });
+        suite.case("daemon_mode_replicas_get_and_keep_their_addresses", || {
+            tier.daemon_mode()
+        });
+        suite.case("everything_deleted_nothing_left", || tier.delete_all());
+    }
+    tier.stop();
+    drop(tier);
+    suite.finish()
+}
+
+/// A short unique link name (at most 15 bytes).
+fn link(suffix: &str) -> String {
+    format!("pxs{}{suffix}", std::process::id() % 100_000)
+}
+
+struct Tier<'a> {
+    cp: &'a ControlPlane,
+    node: Node<'a>,
+    api: Api,
+    bridges: Vec<String>,
+    scheduler: Option<Proc>,
+    controllers: Option<Proc>,
+    daemon: Option<Proc>,
+    metrics_port: u16,
+    /// The netns of every replica checked (all must be gone at the end; other tiers on the
+    /// machine make netns of their own, so the host's list is no measure).
+    netns_seen: std::cell::RefCell<std::collections::BTreeSet<String>>,
+}
+
+impl<'a> Tier<'a> {
+    fn start(cp: &'a ControlPlane, bins: &K8sBins) -> Result<Tier<'a>> {
+        let bridges = vec![link("c"), link("d"), link("f")];
+        let primary_bridge = bridges[0].clone();
+        let primary = move |ipam: &Path| {
+            json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[
+                {"type":"bridge","bridge":primary_bridge,"isGateway":true,"isDefaultGateway":true,
+                 "ipMasq":false,"hairpinMode":true,
+                 "ipam":{"type":"host-local","dataDir":ipam,"ranges":[[{"subnet":"10.245.0.0/24"}]]}}]})
+        };
+        for ns in [NS, "default"] {
+            cp.create_namespace(ns)?;
+        }
+        let node = Node::start(cp, bins, NODE, &primary)?;
+        for b in &bridges {
+            node.own_link(b);
+        }
+        let api = Api::new(&cp.admin_kubeconfig())?;
+        Ok(Tier {
+            cp,
+            node,
+            api,
+            bridges,
+            scheduler: None,
+            controllers: None,
+            daemon: None,
+            metrics_port: free_port()?,
+            netns_seen: Default::default(),
+        })
+    }
+
+    /// kube-scheduler and kube-controller-manager (statefulset controller only), as
+    /// ../shared/k8s/README.md runs them.
+    fn start_control_loops(&mut self) -> Result<()> {
+        let bins = self.cp.bins();
+        let (Some(sched), Some(kcm)) = (&bins.scheduler, &bins.controller_manager) else {
+            bail!("PLEXUS_K8S_BIN has no kube-scheduler or kube-controller-manager");
+        };
+        let k = self.cp.admin_kubeconfig().display().to_string();
+        let common = vec![
+            format!("--kubeconfig={k}"),
+            format!("--authentication-kubeconfig={k}"),
+            format!("--authorization-kubeconfig={k}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ];
+        self.scheduler = Some(Proc::spawn(
+            "kube-scheduler",
+            sched,
+            &common,
+            &self.node.path("scheduler.log"),
+        )?);
+        let mut args = common.clone();
+        args.extend([
+            "--use-service-account-credentials=false".to_string(),
+            format!("--root-ca-file={}", self.cp.ca_path().display()),
+            format!(
+                "--service-account-private-key-file={}",
+                self.cp.dir().join("sa.key").display()
+            ),
+            "--controllers=statefulset".into(),
+        ]);
+        self.controllers = Some(Proc::spawn(
+            "kube-controller-manager",
+            kcm,
+            &args,
+            &self.node.path("controller-manager.log"),
+        )?);
+        Ok(())
+    }
+
+    fn plexus_conf(&self, daemon: bool) -> Value {
+        let mut p = json!({"type":"plexus",
+            "clusterNetwork": self.node.conf_dir().join(PRIMARY_CONF),
+            "kubeconfig": self.node.path("plexus.kubeconfig"),
+            "cniDir": self.node.plexus_dir(),
+            "logFile": self.node.path("plexus.log"),
+            "capabilities":{"io.kubernetes.cri.pod-annotations":true}});
+        if daemon {
+            p["daemonSocket"] = json!(self.socket());
+        }
+        json!({"cniVersion":"1.0.0","name":"plexus","plugins":[p]})
+    }
+
+    /// RBAC, plexus' kubeconfig and config, the control loops, the NADs.
+    fn install(&mut self) -> Result<()> {
+        let cp = self.cp;
+        cp.apply_deploy(&[
+            "nad-crd.yaml",
+            "rbac.yaml",
+            "rbac-fixed-ips.yaml",
+            "rbac-daemon.yaml",
+        ])?;
+        let token = cp.create_token("kube-system", "plexus")?;
+        cp.write_kubeconfig(&self.node.path("plexus.kubeconfig"), &token)?;
+        std::fs::copy(common::bin("plexus"), self.node.bin_dir().join("plexus"))?;
+        // containerd 1.6 loads a config on WRITE events: write in place.
+        std::fs::write(
+            self.node.conf_dir().join("00-plexus.conflist"),
+            serde_json::to_vec(&self.plexus_conf(false))?,
+        )?;
+        self.start_control_loops()?;
+        // The probe pod sets nodeName: no scheduler needed for it.
+        wait_until_plexus_is_in_the_path(&self.api, NS, NODE)?;
+        self.api.delete_pod(NS, "probe")?;
+        let nad = |name: &str, cfg: Value, mapping: Option<String>| -> Result<()> {
+            let mut meta = json!({"name":name,"namespace":NS});
+            if let Some(m) = mapping {
+                meta["annotations"] = json!({ MAPPING: m });
+            }
+            let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":meta,"spec":{"config":cfg.to_string()}});
+            cp.apply(&nad.to_string()).map(drop)
+        };
+        nad(
+            "data",
+            json!({"cniVersion":"1.0.0","name":"data","type":"bridge","bridge":self.bridges[1],
+                   "ipam":{"type":"static"}}),
+            Some(mapping(&addr(1))),
+        )?;
+        // The misuse: one static address in the NAD itself.
+        nad(
+            "fixed",
+            json!({"cniVersion":"1.0.0","name":"fixed","type":"bridge","bridge":self.bridges[2],
+                   "ipam":{"type":"static","addresses":[{"address":"10.246.1.10/24"}]}}),
+            None,
+        )
+    }
+
+    fn apply_set(&self, name: &str, network: &str, replicas: u32) -> Result<()> {
+        let set = json!({"apiVersion":"apps/v1","kind":"StatefulSet",
+            "metadata":{"name":name,"namespace":NS},
+            "spec":{"replicas":replicas,"serviceName":name,"podManagementPolicy":"Parallel",
+                "selector":{"matchLabels":{"app":name}},
+                "template":{"metadata":{"labels":{"app":name},"annotations":{ NETWORKS: network }},
+                    // The node's taints (no node controller clears them) do not matter here.
+                    "spec":{"tolerations":[{"operator":"Exists"}],
+                        "automountServiceAccountToken":false,"enableServiceLinks":false,
+                        "dnsPolicy":"Default","terminationGracePeriodSeconds":1,
+                        "containers":[{"name":"db","image":IMAGE,"imagePullPolicy":"Never"}]}}}});
+        self.cp.apply(&set.to_string()).map(drop)
+    }
+
+    fn scale(&self, name: &str, replicas: u32) -> Result<()> {
+        self.cp
+            .kubectl(&[
+                "-n",
+                NS,
+                "scale",
+                "statefulset",
+                name,
+                &format!("--replicas={replicas}"),
+            ])
+            .map(drop)
+    }
+
+    fn pod(&self, name: &str) -> Result<Option<Value>> {
+        self.api.get_pod(NS, name)
+    }
+
+    /// net1's address in the pod's network-status.
+    fn net1(pod: &Value) -> Result<Option<String>> {
+        Ok(network_status(pod)?
+            .iter()
+            .find(|e| e["interface"] == "net1")
+            .and_then(|e| e["ips"][0].as_str().map(str::to_string)))
+    }
+
+    /// Wait until `mysql-<ord>` runs with `want(ord)` on net1 for every ordinal, and check the
+    /// address is on net1 inside the pod.
+    fn expect_addresses(&self, ords: &[usize], want: &dyn Fn(usize) -> String) -> Result<()> {
+        for &o in ords {
+            let name = format!("mysql-{o}");
+            let mut last = Value::Null;
+            wait_for(&format!("{name} Running"), WAIT, || {
+                last = self.pod(&name)?.unwrap_or(Value::Null);
+                Ok(running(&last) && Self::net1(&last)?.is_some())
+            })
+            .with_context(|| format!("{name}: {}", last["status"]))?;
+            let got = Self::net1(&last)?.unwrap_or_default();
+            ensure!(got == want(o), "{name} has {got} on net1, want {}", want(o));
+            let uid = last["metadata"]["uid"].as_str().unwrap_or("");
+            let (_, netns) = self.node.pod_sandbox(uid)?;
+            self.netns_seen.borrow_mut().insert(netns.clone());
+            let ifs = pods::interfaces(&netns)?;
+            let ips = ifs.get("net1").map(|i| i.ips.clone()).unwrap_or_default();
+            ensure!(ips == vec![want(o)], "{name}: net1 in the pod has {ips:?}");
+        }
+        Ok(())
+    }
+
+    /// Delete a replica and wait for its successor (a new UID) to run.
+    fn recreate(&self, name: &str) -> Result<()> {
+        let old = self.pod(name)?.context("no pod")?["metadata"]["uid"].clone();
+        self.api.delete_pod(NS, name)?;
+        wait_for(&format!("{name} recreated"), WAIT, || {
+            Ok(self
+                .pod(name)?
+                .is_some_and(|p| p["metadata"]["uid"] != old && running(&p)))
+        })
+    }
+
+    fn wait_gone(&self, names: &[&str]) -> Result<()> {
+        for n in names {
+            wait_for(&format!("{n} gone"), WAIT, || Ok(self.pod(n)?.is_none()))?;
+        }
+        Ok(())
+    }
+
+    /// The pod exists, is not Running, and carries plexus' AddInterfaceFailed event with `msg`
+    /// (an event of this pod object: an earlier pod of the same name had its own).
+    fn expect_refused(&self, name: &str, msg: &str) -> Result<()> {
+        let mut seen = Vec::new();
+        let mut uid = Value::Null;
+        wait_for(&format!("{name} created"), WAIT, || {
+            uid = self
+                .pod(name)?
+                .map_or(Value::Null, |p| p["metadata"]["uid"].clone());
+            Ok(!uid.is_null())
+        })?;
+        wait_for(&format!("{name}'s AddInterfaceFailed event"), WAIT, || {
+            seen = self.api.events(NS, name)?;
+            Ok(seen.iter().any(|e| {
+                e["reason"] == "AddInterfaceFailed"
+                    && e["involvedObject"]["uid"] == uid
+                    && e["message"].as_str().is_some_and(|m| m.contains(msg))
+            }))
+        })
+        .with_context(|| {
+            let msgs: Vec<&Value> = seen.iter().map(|e| &e["message"]).collect();
+            format!("events: {msgs:?}")
+        })?;
+        let p = self.pod(name)?.context("pod gone")?;
+        ensure!(!running(&p), "{name} is Running: {}", p["status"]);
+        ensure!(Self::net1(&p)?.is_none(), "{name} has a network-status");
+        Ok(())
+    }
+
+    fn mapping_changed(&self) -> Result<()> {
+        let new = "10.246.0.21";
+        self.cp.kubectl(&[
+            "-n",
+            NS,
+            "annotate",
+            "--overwrite",
+            "net-attach-def",
+            "data",
+            &format!("{MAPPING}={}", mapping(new)),
+        ])?;
+        // Running replicas keep theirs (give the kubelet a sync period to prove nothing moves).
+        std::thread::sleep(Duration::from_secs(2));
+        self.expect_addresses(&[0, 1, 2, 3], &|o| addr(o))?;
+        self.recreate("mysql-1")?;
+        self.expect_addresses(&[0, 1, 2, 3], &|o| {
+            if o == 1 {
+                new.to_string()
+            } else {
+                addr(o)
+            }
+        })?;
+        // Back to the first mapping for the daemon case.
+        self.cp.kubectl(&[
+            "-n",
+            NS,
+            "annotate",
+            "--overwrite",
+            "net-attach-def",
+            "data",
+            &format!("{MAPPING}={}", mapping(&addr(1))),
+        ])?;
+        self.recreate("mysql-1")?;
+        self.expect_addresses(&[1], &|o| addr(o))
+    }
+
+    fn never_twice(&self) -> Result<()> {
+        // The case: 2 replicas of a set whose NAD fixes one address.
+        self.apply_set("dup", "fixed", 2)?;
+        let mut holders = Vec::new();
+        wait_for("one dup replica Running", WAIT, || {
+            holders = ["dup-0", "dup-1"]
+                .into_iter()
+                .filter_map(|n| self.pod(n).ok().flatten())
+                .filter(running)
+                .collect::<Vec<_>>();
+            Ok(!holders.is_empty())
+        })?;
+        let winner = holders[0]["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let loser = if winner == "dup-0" { "dup-1" } else { "dup-0" };
+        self.expect_refused(
+            loser,
+            &format!("address 10.246.1.10 is in use by pod {NS}/{winner}"),
+        )?;
+        // A pod asking for a replica's address in its own annotation.
+        let mut p = pods::manifest(NS, "intruder", NODE, "intruder", None);
+        p["metadata"]["annotations"][NETWORKS] =
+            json!(json!([{"name":"data","ips":[format!("{}/24", addr(0))]}]).to_string());
+        self.api.create_pod(&p)?;
+        self.expect_refused(
+            "intruder",
+            &format!("address {} is in use by pod {NS}/mysql-0", addr(0)),
+        )?;
+        self.api.delete_pod(NS, "intruder")?;
+        self.cp
+            .kubectl(&["-n", NS, "delete", "statefulset", "dup"])?;
+        for n in ["dup-0", "dup-1"] {
+            self.api.delete_pod(NS, n)?;
+        }
+        self.wait_gone(&["intruder", "dup-0", "dup-1"])
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.node.path("run-plexus/plexus.sock")
+    }
+
+    fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body
+            .lines()
+            .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    fn daemon_mode(&mut self) -> Result<()> {
+        self.scale("mysql", 0)?;
+        self.wait_gone(&["mysql-0", "mysql-1", "mysql-2", "mysql-3"])?;
+        let ready = self.node.path("daemon.ready");
+        let p = |p: PathBuf| p.display().to_string();
+        let args = vec![
+            "--socket".to_string(),
+            p(self.socket()),
+            "--kubeconfig".into(),
+            p(self.node.path("plexus.kubeconfig")),
+            "--node".into(),
+            NODE.into(),
+            "--readiness-file".into(),
+            p(ready.clone()),
+            "--metrics-address".into(),
+            format!("127.0.0.1:{}", self.metrics_port),
+        ];
+        let log = self.node.path("daemon.log");
+        self.daemon = Some(Proc::spawn(
+            "plexus-daemon",
+            &common::bin("plexus-daemon"),
+            &args,
+            &log,
+        )?);
+        wait_for(
+            "the daemon's readiness file",
+            Duration::from_secs(20),
+            || Ok(ready.exists()),
+        )
+        .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
+        std::fs::write(
+            self.node.conf_dir().join("00-plexus.conflist"),
+            serde_json::to_vec(&self.plexus_conf(true))?,
+        )?;
+        // Let containerd reload the config (a WRITE event) before the replicas come.
+        std::thread::sleep(Duration::from_secs(1));
+        let before = self.metric("plexus_cni_requests_total", &["ADD", "ok"])?;
+        self.scale("mysql", 5)?;
+        self.expect_addresses(&[0, 1, 2, 3], &|o| addr(o))?;
+        self.expect_refused("mysql-4", "no fixed address for mysql-4")?;
+        self.recreate("mysql-2")?;
+        self.expect_addresses(&[2], &|o| addr(o))?;
+        let served = self.metric("plexus_cni_requests_total", &["ADD", "ok"])? - before;
+        ensure!(
+            served >= 5.0,
+            "the daemon served {served} ADDs, want the 4 replicas and the recreated one"
+        );
+        Ok(())
+    }
+
+    fn delete_all(&self) -> Result<()> {
+        self.cp
+            .kubectl(&["-n", NS, "delete", "statefulset", "mysql"])?;
+        // No garbage collector: delete the replicas too.
+        let names: Vec<String> = (0..5).map(|o| format!("mysql-{o}")).collect();
+        for n in &names {
+            self.api.delete_pod(NS, n)?;
+        }
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.wait_gone(&refs)?;
+        wait_for("no plan left", WAIT, || {
+            let plans = std::fs::read_dir(self.node.plexus_dir().join("plans"))
+                .map(|d| d.count())
+                .unwrap_or(0);
+            Ok(plans == 0)
+        })?;
+        // The runtime tears sandboxes down after the pod objects are gone.
+        let seen = self.netns_seen.borrow().clone();
+        ensure!(seen.len() >= 5, "only {} netns seen", seen.len());
+        let mut left = Vec::new();
+        wait_for("the replicas' netns gone", Duration::from_secs(30), || {
+            left = seen
+                .iter()
+                .filter(|n| Path::new(n).exists())
+                .cloned()
+                .collect();
+            let sandboxes = self.node.cri().sandboxes(None)?;
+            left.extend(
+                sandboxes
+                    .iter()
+                    .filter(|s| s.state == 0)
+                    .map(|s| format!("ready sandbox {}", s.id)),
+            );
+            Ok(left.is_empty())
+        })
+        .with_context(|| format!("netns left: {left:?}"))
+    }
+
+    fn stop(&mut self) {
+        for p in [&mut self.controllers, &mut self.scheduler, &mut self.daemon] {
+            if let Some(mut p) = p.take() {
+                p.stop(Duration::from_secs(5));
+            }
+        }
+        self.node.stop();
+    }
+}
