@@ -70,7 +70,15 @@ impl KubeClient {
             ns,
             name: "",
         };
-        let url = format!("/api/v1/namespaces/{ns}/pods");
+        if let Some(reason) = super::names::namespace_problem(ns) {
+            return Err(K8sError::InvalidName {
+                what: ctx.what,
+                ns: ns.to_owned(),
+                name: String::new(),
+                reason,
+            });
+        }
+        let url = format!("/api/v1/namespaces/{}/pods", super::names::segment(ns));
         let view = retry::run(policy, self.options().request_timeout, ctx, || async {
             let req = http::Request::get(url.as_str()).body(Vec::new());
             let req = built(ctx, req.map_err(kube::core::request::Error::BuildRequest))?;
