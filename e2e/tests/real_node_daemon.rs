@@ -274,7 +274,7 @@ impl<'a> Tier<'a> {
         std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
         let src = self.node.path("image-bin");
         std::fs::create_dir_all(&src)?;
-        for b in ["plexus", "sriov"] {
+        for b in ["plexus", "plexus-shim", "sriov"] {
             std::fs::copy(
                 if b == "plexus" {
                     self.plexus.clone()
