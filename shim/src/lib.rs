@@ -74,11 +74,14 @@ pub fn main() {
     }
 }
 
-/// `plexus` in the shim's own directory.
+/// `plexus` in the shim's own directory: the one the runtime named (`argv[0]`, an absolute
+/// path when libcni execs a plugin; a symlink is not followed), else the executable's.
 fn plexus_path() -> PathBuf {
-    let exe = std::env::current_exe()
-        .ok()
-        .or_else(|| std::env::args_os().next().map(PathBuf::from))
+    let exe = std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::current_exe().ok())
         .unwrap_or_default();
     exe.parent()
         .map(|d| d.join("plexus"))

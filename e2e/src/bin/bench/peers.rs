@@ -160,7 +160,8 @@ impl Peers {
             "delegates":[self.e.delegates()[0]]})
     }
 
-    /// `plexus-daemon` on its own socket (`name`), watching the node's pods.
+    /// `plexus-daemon` on its own socket (`name`), watching the node's pods; it logs at info
+    /// level (one `ADD done` line with its phases per ADD) to `<name>.log`.
     fn plexus_daemon(&mut self, plexus: &Path, name: &str, extra: &[&str]) -> Result<u32> {
         let ready = self.e.path(&format!("{name}.ready"));
         let child = Command::new(plexus)
@@ -177,9 +178,9 @@ impl Peers {
             .args(["--readiness-file", ready.to_str().unwrap()])
             .args(extra)
             .env_remove("KUBERNETES_SERVICE_HOST")
-            .env("PLEXUS_LOG_LEVEL", "error")
+            .env("PLEXUS_LOG_LEVEL", "info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(self.e.path(&format!("{name}.log")))?)
             .spawn()
             .context("start plexus daemon")?;
         let pid = child.id();
@@ -434,6 +435,38 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
     ] {
         let (ra, rd) = ratio(a, b);
         println!(" {a} / {b}: ADD overhead {ra:.2}×, DEL overhead {rd:.2}×");
+    }
+    // Where the daemon's ADD time goes: its own `ADD done` lines (the timed rounds' ADDs).
+    for (name, label) in [
+        ("pd", "Plexus daemon"),
+        ("pc", "Plexus daemon, status in call"),
+    ] {
+        let text = std::fs::read_to_string(p.e.path(&format!("{name}.log")))?;
+        let done: Vec<_> = crate::real_api::parse_log(&text, "ADD")
+            .into_iter()
+            .skip(1)
+            .take(n)
+            .collect();
+        let med = |f: &dyn Fn(&crate::real_api::Done) -> f64| {
+            stats(&done.iter().map(f).collect::<Vec<_>>()).0
+        };
+        let mut phases: Vec<String> = done
+            .iter()
+            .flat_map(|d| d.phases.keys().cloned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|k| {
+                let m = med(&|d| d.phases.get(&k).copied().unwrap_or(0.0));
+                format!("{k} {m:.2}")
+            })
+            .collect();
+        phases.sort();
+        println!(
+            " {label}: ADD inside the daemon {:.2} ms (median of {}), phases (ms): {}",
+            med(&|d| d.elapsed_ms),
+            done.len(),
+            phases.join(", ")
+        );
     }
     println!(" API requests per ADD / DEL (apiserver_request_total, watches excluded):");
     for s in &systems {
