@@ -2,7 +2,10 @@
 //! `plexus` shim forwards over its Unix socket, in real network namespaces with the Debian
 //! plugins. Socket permissions, the concurrency limit and bounded queue (a full queue is a
 //! clear code 11 with nothing done), SIGTERM draining, a daemon killed mid-ADD, and the shim's
-//! fallbacks (DEL in-process, ADD per `daemonUnavailable`). The API side (watch caches, one
+//! fallbacks (DEL in-process, ADD per `daemonUnavailable`). The runtime execs `plexus-shim`
+//! (the config's `"type": "plexus-shim"`), which hands every fallback to `plexus` next to it;
+//! the first test runs `plexus` as the shim too (a config of type `plexus` with
+//! `daemonSocket`). The API side (watch caches, one
 //! request per ADD) is in `daemon_real_api.rs`.
 
 mod common;
@@ -100,6 +103,8 @@ impl Drop for Daemon {
 struct Setup {
     dir: tempfile::TempDir,
     bridge: HostLink,
+    /// The binary the runtime execs: `plexus-shim`, or `plexus` in its own shim role.
+    shim: &'static str,
 }
 
 impl Setup {
@@ -107,6 +112,7 @@ impl Setup {
         let s = Setup {
             dir: tempfile::tempdir().unwrap(),
             bridge: HostLink::bridge_name(),
+            shim: "plexus-shim",
         };
         // A slow default network: the bridge plugin after a pause, logging when each ADD ran.
         let log = s.p("slow.log");
@@ -134,7 +140,7 @@ impl Setup {
     fn config(&self, plugin: &str, extra: Value) -> Value {
         let mut net = flannel_like(&self.bridge.0, 61, Path::new(&self.p("ipam")));
         net["plugins"][0]["type"] = json!(plugin);
-        let mut c = json!({"cniVersion":"1.0.0","name":"plexus-daemon","type":"plexus",
+        let mut c = json!({"cniVersion":"1.0.0","name":"plexus-daemon","type":self.shim,
             "daemonSocket": self.p("run/plexus.sock"),
             "cniDir":self.p("state"),"binDir":self.p("bin"),"logLevel":"debug","logToStderr":false,
             "logFile":self.p("plexus.log"),"delegates":[net]});
@@ -145,7 +151,7 @@ impl Setup {
     }
     fn call(&self, command: &str, id: &str, ns: &str, cfg: &Value) -> Run {
         run(
-            &bin("plexus"),
+            &bin(self.shim),
             &Call {
                 command,
                 container_id: id,
@@ -188,7 +194,15 @@ impl Setup {
 
 #[test]
 fn add_and_del_are_served_by_the_daemon_on_a_private_socket() {
-    let s = Setup::new();
+    for shim in ["plexus-shim", "plexus"] {
+        served_by_the_daemon(Setup {
+            shim,
+            ..Setup::new()
+        });
+    }
+}
+
+fn served_by_the_daemon(s: Setup) {
     let d = Daemon::start(s.dir.path(), &[]);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&d.socket), 0o600, "socket mode");
@@ -220,7 +234,48 @@ fn add_and_del_are_served_by_the_daemon_on_a_private_socket() {
     assert!(!ns.links().contains(&"eth0".to_string()));
     assert_eq!(s.leftovers(), Vec::<String>::new());
     // The shim forwarded: it wrote no log of its own for these calls, the daemon did the work.
-    assert!(!Path::new(&s.p("plexus.log")).exists());
+    assert!(!Path::new(&s.p("plexus.log")).exists(), "{}", s.shim);
+}
+
+#[test]
+fn plexus_shim_hands_thin_mode_and_version_to_plexus() {
+    let s = Setup::new();
+    let ns = Netns::new();
+    // No daemonSocket: thin mode, in the plexus next to the shim (its log says so).
+    let mut cfg = s.config("bridge", json!({}));
+    cfg.as_object_mut().unwrap().remove("daemonSocket");
+    let r = s.call("ADD", "thin-1", &ns.path(), &cfg);
+    assert!(r.ok()["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .starts_with("10.244.61."));
+    s.call("DEL", "thin-1", &ns.path(), &cfg).ok();
+    assert!(ns.links().iter().all(|l| l == "lo"));
+    assert_eq!(s.leftovers(), Vec::<String>::new());
+    assert!(
+        Path::new(&s.p("plexus.log")).exists(),
+        "plexus ran the calls"
+    );
+    // VERSION is plexus' answer, whatever the config.
+    let v = s.call("VERSION", "", "", &s.config("bridge", json!({})));
+    assert!(v.ok()["supportedVersions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("1.1.0")));
+    // A config plexus-shim cannot read is plexus' error to report, as a CNI error.
+    let r = run(
+        &bin("plexus-shim"),
+        &Call {
+            command: "ADD",
+            container_id: "bad-1",
+            netns: &ns.path(),
+            ifname: "eth0",
+            args: "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p",
+        },
+        &json!("not an object"),
+        &[],
+    );
+    assert_eq!(r.err()["code"], 6, "{}", r.out);
 }
 
 #[test]

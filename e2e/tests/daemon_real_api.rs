@@ -1,12 +1,15 @@
 //! Daemon mode against a real kube-apiserver + etcd (`plexus_e2e::realk8s`): `plexus daemon`
 //! with the `kube-system/plexus` token (deploy/rbac.yaml + deploy/rbac-daemon.yaml applied as
-//! they are) watches the node's pods and the NADs; the `plexus` shim forwards CNI calls to it.
+//! they are) watches the node's pods and the NADs; `plexus-shim` (the config's type, as the
+//! daemon DaemonSet installs it) forwards CNI calls to it.
 //! Checks: readiness after the first sync, ADD = the network-status PATCH (+ one event) and
 //! DEL = 0 requests once cached, a pod created right before its ADD, the API down with a warm
 //! cache (the status converges once it is back), a daemon restart, a NAD changed between ADD
 //! and DEL (DEL uses the plan), and watch semantics: a pod listed by the initial LIST, a dropped
 //! watch reconnecting (apiserver stopped and started), and a 410 Gone relist (etcd compacted
-//! while the watch was down, a pod deleted behind its back). Prints ADD times (not asserted).
+//! while the watch was down, a pod deleted behind its back), and the network-status written
+//! after the ADD's answer: it lands, in ADD order per pod, a DEL drops a write not yet sent,
+//! `--status-in-call` has it before the answer. Prints ADD times (not asserted).
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`.
 
 mod common;
@@ -58,6 +61,10 @@ fn main() -> ExitCode {
     suite.case("watch_410_gone_after_an_etcd_compaction_relists", || {
         gone_relist(&node)
     });
+    suite.case(
+        "status_after_the_answer_in_add_order_del_drops_unsent",
+        || status_after_the_answer(&node),
+    );
     suite.case("rss_with_110_pods_and_1000_nads_cached", || {
         rss_with_caches(&node)
     });
@@ -109,6 +116,10 @@ impl<'a> Node<'a> {
     }
 
     fn start_daemon(&self) -> Result<Daemon> {
+        self.start_daemon_with(&[])
+    }
+
+    fn start_daemon_with(&self, extra: &[&str]) -> Result<Daemon> {
         let ready = self.path("daemon.ready");
         let _ = std::fs::remove_file(&ready);
         let child = Command::new(bin("plexus"))
@@ -121,6 +132,7 @@ impl<'a> Node<'a> {
                 "--metrics-address",
                 &format!("127.0.0.1:{}", self.metrics_port),
             ])
+            .args(extra)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
             .stderr(
@@ -143,7 +155,7 @@ impl<'a> Node<'a> {
     }
 
     fn config(&self, extra: &Value) -> Value {
-        let mut c = json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
+        let mut c = json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus-shim",
             "daemonSocket": self.path("run/plexus.sock"),
             "kubeconfig": self.path("kubeconfig"), "cniDir": self.path("state"), "binDir": CNI_BIN,
             "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path("plexus.log"), "logToStderr": false,
@@ -215,12 +227,25 @@ impl<'a> Node<'a> {
     }
 
     fn call(&self, command: &str, name: &str, uid: &str, netns: &str, extra: &Value) -> Run {
-        let args = format!("K8S_POD_INFRA_CONTAINER_ID=cid-{name};K8S_POD_UID={uid};IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={name}");
+        self.call_in(command, &format!("cid-{name}"), name, uid, netns, extra)
+    }
+
+    /// A call for sandbox `cid` of pod `name`.
+    fn call_in(
+        &self,
+        command: &str,
+        cid: &str,
+        name: &str,
+        uid: &str,
+        netns: &str,
+        extra: &Value,
+    ) -> Run {
+        let args = format!("K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uid};IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={name}");
         run(
-            &bin("plexus"),
+            &bin("plexus-shim"),
             &Call {
                 command,
-                container_id: &format!("cid-{name}"),
+                container_id: cid,
                 netns,
                 ifname: "eth0",
                 args: &args,
@@ -267,6 +292,105 @@ impl<'a> Node<'a> {
         v.extend(files_under(&self.path("ipam")));
         v
     }
+}
+
+/// The addresses of the pod's network-status entry `net` (empty when absent).
+fn status_ips(node: &Node<'_>, name: &str, net: &str) -> Result<Vec<String>> {
+    let p = node
+        .cp
+        .get_json(&format!("/api/v1/namespaces/db/pods/{name}"))?;
+    let st: Value = serde_json::from_str(
+        p["metadata"]["annotations"][STATUS]
+            .as_str()
+            .unwrap_or("[]"),
+    )?;
+    Ok(st
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["name"] == net)
+        .flat_map(|e| e["ips"].as_array().cloned().unwrap_or_default())
+        .filter_map(|ip| ip.as_str().map(str::to_string))
+        .collect())
+}
+
+/// The first address of an ADD's result (the default network's), without its prefix length.
+fn result_ip(r: &Run) -> String {
+    r.ok()["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// The last lines of the daemon's log, for a failure's message.
+fn daemon_log_tail(node: &Node<'_>) -> String {
+    let text = std::fs::read_to_string(node.path("daemon.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+fn status_after_the_answer(node: &Node<'_>) -> Result<()> {
+    let uid = node.pod("d9")?;
+    wait_cached(node, "d9");
+    let (ns1, ns2, ns3) = (Netns::new(), Netns::new(), Netns::new());
+    let none = json!({});
+    {
+        let _d = node.start_daemon()?;
+        // Two sandboxes of one pod ADDed back to back (a recreated sandbox): the status that
+        // stays is the second's, whatever order the background writes were ready in.
+        let t = Instant::now();
+        let r1 = node.call_in("ADD", "d9-a", "d9", &uid, &ns1.path(), &none);
+        let first_ms = t.elapsed().as_secs_f64() * 1e3;
+        let r2 = node.call_in("ADD", "d9-b", "d9", &uid, &ns2.path(), &none);
+        let (ip1, ip2) = (result_ip(&r1), result_ip(&r2));
+        ensure!(ip1 != ip2, "two sandboxes, two leases: {ip1} {ip2}");
+        node.wait(
+            "network-status of the second sandbox",
+            Duration::from_secs(10),
+            || status_ips(node, "d9", "cbr0").unwrap_or_default() == vec![ip2.clone()],
+        )?;
+        std::thread::sleep(Duration::from_millis(500));
+        ensure!(
+            status_ips(node, "d9", "cbr0")? == vec![ip2.clone()],
+            "an older sandbox's status landed last"
+        );
+        println!("    ADD answered in {first_ms:.1} ms, network-status after it");
+        // A write not sent yet (the API is down) is dropped by its container's DEL: the
+        // status stays the second sandbox's once the API is back.
+        node.cp.stop_apiserver();
+        let r3 = node.call_in("ADD", "d9-c", "d9", &uid, &ns3.path(), &none);
+        let del = node.call_in("DEL", "d9-c", "d9", &uid, &ns3.path(), &none);
+        node.cp.start_apiserver()?;
+        ensure!(r3.code == 0, "ADD with the API down: {}", r3.out);
+        ensure!(del.code == 0, "DEL with the API down: {}", del.out);
+        // Long enough for the retries (0.5 s doubling) to have landed a write not dropped.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(12) {
+            let now = status_ips(node, "d9", "cbr0").unwrap_or_default();
+            ensure!(
+                now.is_empty() || now == vec![ip2.clone()],
+                "a DELeted sandbox's status was written: {now:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        ensure!(status_ips(node, "d9", "cbr0")? == vec![ip2.clone()]);
+        for (cid, ns) in [("d9-a", &ns1), ("d9-b", &ns2)] {
+            node.call_in("DEL", cid, "d9", &uid, &ns.path(), &none).ok();
+        }
+    }
+    // --status-in-call: the status is there when the ADD answers.
+    let _d = node.start_daemon_with(&["--status-in-call"])?;
+    let r = node.call_in("ADD", "d9-d", "d9", &uid, &ns1.path(), &none);
+    let ip = result_ip(&r);
+    ensure!(
+        status_ips(node, "d9", "cbr0")? == vec![ip],
+        "in-call status missing at the answer"
+    );
+    node.call_in("DEL", "d9-d", "d9", &uid, &ns1.path(), &none)
+        .ok();
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
 }
 
 fn shown(c: &RequestCounts) -> String {
@@ -382,7 +506,8 @@ fn api_down_warm_cache(node: &Node<'_>) -> Result<()> {
     while node.status("d3").map(|s| s.len()).unwrap_or(0) != 2 {
         ensure!(
             t.elapsed() < Duration::from_secs(60),
-            "network-status never converged"
+            "network-status never converged; the daemon's log ends:\n{}",
+            daemon_log_tail(node)
         );
         std::thread::sleep(Duration::from_millis(250));
     }

@@ -769,3 +769,42 @@ fn ready_file_is_removed_at_start_and_written_only_after_publishing() {
     assert!(node.conf("00-plexus.conflist").exists());
     assert!(stderr.contains("ready ("), "{stderr}");
 }
+
+/// The value of env var `name` of the `install-plexus` container in a DaemonSet manifest
+/// (single-quoted or bare YAML scalar on the line after `- name: NAME`).
+fn manifest_env(manifest: &str, name: &str) -> Option<String> {
+    let mut lines = manifest.lines();
+    lines.find(|l| l.trim() == format!("- name: {name}"))?;
+    let v = lines.next()?.trim().strip_prefix("value:")?.trim();
+    Some(v.trim_matches('\'').to_string())
+}
+
+#[test]
+fn the_daemon_daemonsets_installer_installs_plexus_shim_and_names_it_as_the_type() {
+    let manifest = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/plexus-daemon-daemonset.yaml"),
+    )
+    .expect("daemon manifest");
+    let binaries = manifest_env(&manifest, "PLEXUS_BINARIES").expect("PLEXUS_BINARIES");
+    let extra = manifest_env(&manifest, "PLEXUS_EXTRA_CONFIG").expect("PLEXUS_EXTRA_CONFIG");
+    let node = Node::new();
+    fs::copy("/bin/echo", node.path("src/plexus-shim")).expect("copy echo");
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    node.install(&["--binaries", &binaries, "--extra-config", &extra]);
+    for b in ["plexus", "plexus-shim", "sriov"] {
+        assert_eq!(
+            fs::read(node.path(&format!("bin/{b}"))).expect("installed"),
+            fs::read(node.path(&format!("src/{b}"))).expect("src"),
+            "{b}"
+        );
+    }
+    let conf = node.read_json("00-plexus.conflist");
+    let plugin = &conf["plugins"][0];
+    assert_eq!(plugin["type"], "plexus-shim", "{conf}");
+    assert_eq!(plugin["daemonSocket"], "/run/plexus/plexus.sock");
+    assert_eq!(plugin["daemonUnavailable"], "thin");
+    assert!(
+        plugin["kubeconfig"].as_str().is_some_and(|k| !k.is_empty()),
+        "the thin fallback keeps its kubeconfig: {conf}"
+    );
+}

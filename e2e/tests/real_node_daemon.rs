@@ -2,8 +2,9 @@
 //! kube-apiserver, `plexus daemon` running as a process of the node with a kubeconfig from a
 //! TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml + deploy/rbac-daemon.yaml), and
 //! plexus installed by `deploy/install.sh` with the command and environment of the install
-//! container of deploy/plexus-daemon-daemonset.yaml (its `PLEXUS_EXTRA_CONFIG` puts
-//! `daemonSocket` in the generated config, here pointed at the node's socket).
+//! container of deploy/plexus-daemon-daemonset.yaml (its `PLEXUS_BINARIES` adds `plexus-shim`,
+//! its `PLEXUS_EXTRA_CONFIG` makes `plexus-shim` the config's type and puts `daemonSocket` in
+//! it, here pointed at the node's socket): containerd execs `plexus-shim`.
 //!
 //! Cases, in order: pods with 0 and 2 extra networks Running with plexus' network-status, served
 //! by the daemon (its metrics count the ADDs); the daemon stopped (SIGTERM): a pod created then
@@ -274,7 +275,7 @@ impl<'a> Tier<'a> {
         std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
         let src = self.node.path("image-bin");
         std::fs::create_dir_all(&src)?;
-        for b in ["plexus", "sriov"] {
+        for b in ["plexus", "plexus-shim", "sriov"] {
             std::fs::copy(
                 if b == "plexus" {
                     self.plexus.clone()
@@ -319,7 +320,7 @@ impl<'a> Tier<'a> {
         let conf: Value = serde_json::from_slice(&std::fs::read(&final_conf)?)?;
         let plugin = &conf["plugins"][0];
         ensure!(
-            plugin["type"] == "plexus" && plugin["daemonSocket"] == json!(self.socket()),
+            plugin["type"] == "plexus-shim" && plugin["daemonSocket"] == json!(self.socket()),
             "{conf}"
         );
         ensure!(plugin["daemonUnavailable"] == "thin", "{conf}");

@@ -133,6 +133,12 @@ pub fn added(
     );
     if let (Some(client), Some(p)) = (client, pod) {
         let status = to_annotation(&network_status(plan, done));
+        if ctx.in_daemon() && crate::daemon::status::background() {
+            // Daemon mode: the PATCH follows the answer (daemon/status.rs: ordering per pod,
+            // retries, what a reader sees).
+            ctx.spawn_detached(crate::daemon::status::write_later(client, &p.id, status));
+            return finish_added(ctx, Some(client), plan, done, added_event);
+        }
         let patch = client.set_network_status(&p.id.namespace, &p.id.name, &p.id.uid, &status);
         let alongside = if ctx.in_daemon() {
             None
@@ -171,6 +177,17 @@ pub fn added(
             }
         }
     }
+    finish_added(ctx, client, plan, done, added_event)
+}
+
+/// The claims' network data and the `AddedInterface` event, after the status.
+fn finish_added(
+    ctx: &mut Ctx,
+    client: Option<&KubeClient>,
+    plan: &[PlannedAttachment],
+    done: &[Attached],
+    added_event: Option<impl std::future::Future<Output = ()> + Send + 'static>,
+) -> Result<(), StatusFailure> {
     if let Some(client) = client {
         crate::devices::claims::write_network_data(ctx, client, plan, done);
     }

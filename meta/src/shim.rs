@@ -12,6 +12,11 @@
 //!   a `kubeconfig` the thin fallback could not read the pod, so ADD returns code 11 too.
 //! - A daemon that accepted an ADD and died before answering: code 11. The runtime then DELs
 //!   the container, which cleans up from the plan saved before the first delegate ran.
+//!
+//! The runtime normally execs the small `plexus-shim` (its own crate, std only), which
+//! forwards the same way and runs `plexus` for everything else. It then sets
+//! [`FORWARD_ENV`] (`unreachable`, `no-answer`, or `none`) and [`FORWARD_ERROR_ENV`] so this
+//! process applies the fallbacks above without trying the socket a second time.
 
 use crate::daemon::protocol::{read_message, write_message, Request, Response, CNI_ENV};
 use crate::error::MetaError;
@@ -20,6 +25,13 @@ use plexus_delegates::skel::{self, Outcome, Plugin};
 use serde::Deserialize;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+
+/// Set by `plexus-shim` when it hands a call to `plexus`: `unreachable` (nothing listens on
+/// the socket), `no-answer` (the daemon took the call and gave no answer) or `none` (the
+/// shim did not forward: thin mode, `VERSION`, a config it did not read).
+pub const FORWARD_ENV: &str = "PLEXUS_SHIM_FORWARD";
+/// Set by `plexus-shim` with [`FORWARD_ENV`]: the connection error it met.
+pub const FORWARD_ERROR_ENV: &str = "PLEXUS_SHIM_FORWARD_ERROR";
 
 /// The keys of the CNI config the shim reads.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -101,7 +113,14 @@ pub fn run(
             .collect(),
         stdin: String::from_utf8_lossy(&stdin).into_owned(),
     };
-    match forward(&conf.daemon_socket, &req) {
+    // plexus-shim already tried the socket: take its verdict instead of a second attempt.
+    let shim_error = || std::io::Error::other(env(FORWARD_ERROR_ENV).unwrap_or_default());
+    let forwarded = match env(FORWARD_ENV).as_deref() {
+        Some("unreachable") => Err(ForwardError::Unreachable(shim_error())),
+        Some("no-answer") => Err(ForwardError::NoAnswer(shim_error())),
+        _ => forward(&conf.daemon_socket, &req),
+    };
+    match forwarded {
         Ok(r) => Outcome {
             stdout: r.stdout,
             exit_code: r.code,

@@ -29,6 +29,7 @@ pub fn uniq(prefix: &str) -> String {
 pub const BUILT: &[(&str, &str)] = &[
     ("plexus", env!("CARGO_BIN_EXE_e2e-plexus")),
     ("plexus-daemon", env!("CARGO_BIN_EXE_e2e-plexus-daemon")),
+    ("plexus-shim", env!("CARGO_BIN_EXE_e2e-plexus-shim")),
     ("sriov", env!("CARGO_BIN_EXE_e2e-sriov")),
     ("sriov-fake-pf", env!("CARGO_BIN_EXE_e2e-sriov-fake-pf")),
 ];

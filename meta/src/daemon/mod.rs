@@ -9,6 +9,7 @@ pub mod cache;
 pub mod metrics;
 pub mod protocol;
 pub mod server;
+pub mod status;
 
 use crate::context::Ctx;
 use crate::k8s::{ClientOptions, InClusterEnv, KubeClient, RetryPolicy};
@@ -55,6 +56,9 @@ pub struct DaemonConfig {
     /// A log file (appended, 0600, rotated at 100 MB, 5 kept) besides stderr; empty: stderr
     /// only. The CNI config's `logFile` is the shim's and the in-process fallbacks' log.
     pub log_file: String,
+    /// Write the network-status inside the ADD (thin mode's semantics: a permanent refusal
+    /// undoes the ADD) instead of right after its answer ([`status`]).
+    pub status_in_call: bool,
 }
 
 impl Default for DaemonConfig {
@@ -72,6 +76,7 @@ impl Default for DaemonConfig {
             api_timeout_ms: 2500,
             log_level: String::new(),
             log_file: String::new(),
+            status_in_call: false,
         }
     }
 }
@@ -80,7 +85,7 @@ const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
                      [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
-                     [--log-level LEVEL] [--log-file PATH]";
+                     [--log-level LEVEL] [--log-file PATH] [--status-in-call]";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).
@@ -110,6 +115,7 @@ impl DaemonConfig {
                 "--drain-seconds" => cfg.drain_seconds = num(val()?)?,
                 "--log-level" => cfg.log_level = val()?,
                 "--log-file" => cfg.log_file = val()?,
+                "--status-in-call" => cfg.status_in_call = true,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -151,7 +157,9 @@ impl Plugin for DaemonPlugin<'_> {
     fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
         let (mut ctx, mut inputs) = self.ctx(&args)?;
         let started = std::time::Instant::now();
-        let out = add::add(&mut ctx, &mut inputs, &args);
+        let out = status::for_container(&args.container_id, || {
+            add::add(&mut ctx, &mut inputs, &args)
+        });
         tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             phases = ?plexus_delegates::timing::summary(), "ADD done");
         out.map_err(CniError::from)
@@ -159,6 +167,8 @@ impl Plugin for DaemonPlugin<'_> {
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
         let (mut ctx, mut inputs) = self.ctx(&args)?;
+        // A status write of this container not sent yet never will be.
+        status::cancel(&args.container_id);
         del::del(&mut ctx, &mut inputs, &args).map_err(CniError::from)
     }
 
@@ -285,6 +295,7 @@ fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
             .map_err(|e| format!("metrics address {}: {e}", cfg.metrics_address))?;
         rt.spawn(metrics::serve(l, Arc::clone(&metrics), Arc::clone(&caches)));
     }
+    status::set_background(!cfg.status_in_call);
     let path = PathBuf::from(&cfg.socket_path);
     let listener = server::bind(&path).map_err(|e| format!("socket {}: {e}", path.display()))?;
     let shared = Arc::new(Shared {
@@ -333,9 +344,18 @@ fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
     if let Some(f) = &readiness {
         let _ = std::fs::remove_file(f);
     }
+    let deadline = std::time::Instant::now() + Duration::from_secs(cfg.drain_seconds);
     let left = srv.drain(Duration::from_secs(cfg.drain_seconds));
     if left > 0 {
         tracing::warn!(left, "calls still running at the end of the drain period");
+    }
+    // The network-status writes that follow answered ADDs (each pod's newest).
+    let unwritten = status::wait_idle(deadline);
+    if unwritten > 0 {
+        tracing::warn!(
+            unwritten,
+            "network-status writes still pending at the end of the drain period"
+        );
     }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! accept thread, a bounded queue and a fixed pool of worker threads. Memory is bounded by
 //! design: at most `maxConcurrent` calls run (each with its delegate processes) and at most
 //! `queueSize` wait as accepted connections; a call beyond that is answered at once with code
-//! 11 (try again later) and nothing is done for it.
+//! 11 (try again later) and nothing is done for it. The bound is counted (calls accepted and
+//! not finished), not left to the channel's capacity: a burst that arrives before the workers
+//! are scheduled to take their first calls is not refused while a worker is free.
 
 use super::metrics::Metrics;
 use super::protocol::{read_message, write_message, Request, Response, MAX_REQUEST_BYTES};
@@ -10,8 +12,8 @@ use plexus_conf::error::{code, CniError};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -80,22 +82,27 @@ impl Server {
         metrics: Arc<Metrics>,
         handler: Arc<Handler>,
     ) -> Server {
-        let (tx, rx) = sync_channel::<Job>(limits.queue_size);
+        let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
+        let outstanding = Arc::new(AtomicUsize::new(0));
         let workers = (0..limits.max_concurrent.max(1))
             .map(|i| {
-                let (rx, metrics, handler) =
-                    (Arc::clone(&rx), Arc::clone(&metrics), Arc::clone(&handler));
+                let (rx, metrics, handler, outstanding) = (
+                    Arc::clone(&rx),
+                    Arc::clone(&metrics),
+                    Arc::clone(&handler),
+                    Arc::clone(&outstanding),
+                );
                 std::thread::Builder::new()
                     .name(format!("plexus-worker-{i}"))
-                    .spawn(move || worker(&rx, &metrics, &*handler))
+                    .spawn(move || worker(&rx, &metrics, &*handler, &outstanding))
                     .expect("spawn worker thread")
             })
             .collect();
         let m = Arc::clone(&metrics);
         let acceptor = std::thread::Builder::new()
             .name("plexus-accept".into())
-            .spawn(move || accept_loop(&listener, &tx, &m, limits))
+            .spawn(move || accept_loop(&listener, &tx, &m, limits, &outstanding))
             .expect("spawn accept thread");
         Server {
             path: path.to_path_buf(),
@@ -132,7 +139,13 @@ impl Server {
     }
 }
 
-fn accept_loop(listener: &UnixListener, tx: &SyncSender<Job>, metrics: &Metrics, limits: Limits) {
+fn accept_loop(
+    listener: &UnixListener,
+    tx: &Sender<Job>,
+    metrics: &Metrics,
+    limits: Limits,
+    outstanding: &AtomicUsize,
+) {
     loop {
         let conn = match listener.accept() {
             Ok((c, _)) => c,
@@ -146,15 +159,27 @@ fn accept_loop(listener: &UnixListener, tx: &SyncSender<Job>, metrics: &Metrics,
         if metrics.draining.load(Ordering::SeqCst) {
             return;
         }
-        metrics.queue().inc();
         let job = Job {
             conn,
             accepted: Instant::now(),
         };
-        match tx.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(mut job)) | Err(TrySendError::Disconnected(mut job)) => {
+        let capacity = limits.max_concurrent.max(1) + limits.queue_size;
+        let admitted = outstanding.fetch_add(1, Ordering::SeqCst) < capacity;
+        if admitted {
+            metrics.queue().inc();
+        }
+        let refused = if admitted {
+            tx.send(job).err().map(|e| {
                 metrics.queue().dec();
+                e.0
+            })
+        } else {
+            Some(job)
+        };
+        match refused {
+            None => {}
+            Some(mut job) => {
+                outstanding.fetch_sub(1, Ordering::SeqCst);
                 metrics.request("unknown", "busy", job.accepted.elapsed());
                 // Read the request first (closing on unread data would reset the connection
                 // before the shim reads the answer), briefly: a slow client gets no answer.
@@ -167,7 +192,12 @@ fn accept_loop(listener: &UnixListener, tx: &SyncSender<Job>, metrics: &Metrics,
     }
 }
 
-fn worker(rx: &Mutex<Receiver<Job>>, metrics: &Metrics, handler: &Handler) {
+fn worker(
+    rx: &Mutex<Receiver<Job>>,
+    metrics: &Metrics,
+    handler: &Handler,
+    outstanding: &AtomicUsize,
+) {
     loop {
         let job = {
             let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
@@ -195,6 +225,7 @@ fn worker(rx: &Mutex<Receiver<Job>>, metrics: &Metrics, handler: &Handler) {
         let result = if resp.code == 0 { "ok" } else { "error" };
         let _ = write_message(&mut job.conn, &resp);
         metrics.in_flight().dec();
+        outstanding.fetch_sub(1, Ordering::SeqCst);
         metrics.request(&verb, result, job.accepted.elapsed());
     }
 }

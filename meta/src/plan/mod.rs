@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Plugin types that are meta-plugins themselves: never run as delegates.
-const META_PLUGINS: &[&str] = &["plexus", "multus", "multus-shim"];
+const META_PLUGINS: &[&str] = &["plexus", "plexus-shim", "multus", "multus-shim"];
 
 /// A network resolved to its config.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,9 +9,13 @@
 //! 4. `--real-api`: thin mode against a real kube-apiserver over TLS (`PLEXUS_K8S_BIN`), with the
 //!    breakdown of plexus' own time per phase and its peak RSS ([`real_api`]).
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api]`
+//! 5. `--peers`: side by side with Multus thin and thick on the real kube-apiserver, same
+//!    configs, interleaved rounds ([`peers`]).
+//!
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers]`
 //! (as root).
 
+mod peers;
 mod real_api;
 
 use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
@@ -493,6 +497,7 @@ fn main() {
     let mut n = 20usize;
     let mut daemon_only = false;
     let mut real_api_only = false;
+    let mut peers_only = false;
     let mut plexus = None;
     let mut cni_bin = PathBuf::from("/usr/lib/cni");
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -505,8 +510,9 @@ fn main() {
             "--peak-rss-of" => peak_rss_of(it.next().map(String::as_str).unwrap_or("plexus")),
             "--daemon-only" => daemon_only = true,
             "--real-api" => real_api_only = true,
+            "--peers" => peers_only = true,
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers]");
                 std::process::exit(2);
             }
         }
@@ -518,6 +524,13 @@ fn main() {
         plexus.display(),
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
+    if peers_only {
+        if let Err(e) = peers::run(&plexus, &cni_bin, n) {
+            eprintln!("plexus-bench --peers: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if real_api_only {
         if let Err(e) = real_api::run(&plexus, &cni_bin, n) {
             eprintln!("plexus-bench --real-api: {e:#}");

@@ -35,14 +35,14 @@ const PHASES: &[(&str, bool)] = &[
 
 /// One call's closing log line: in-process milliseconds and its phases.
 #[derive(Debug, Default)]
-struct Done {
-    elapsed_ms: f64,
+pub(crate) struct Done {
+    pub(crate) elapsed_ms: f64,
     peak_rss_kib: u64,
-    phases: BTreeMap<String, f64>,
+    pub(crate) phases: BTreeMap<String, f64>,
 }
 
 /// The `ADD done` / `DEL done` lines of a plexus log file, in order.
-fn parse_log(text: &str, verb: &str) -> Vec<Done> {
+pub(crate) fn parse_log(text: &str, verb: &str) -> Vec<Done> {
     let marker = format!("{verb} done");
     text.lines()
         .filter(|l| l.contains(&marker))

@@ -1,0 +1,534 @@
+//! `plexus-bench --peers`: Plexus side by side with the systems it replaces, in one run on a
+//! real kube-apiserver over TLS (`PLEXUS_K8S_BIN`): Multus thin vs Plexus thin and Multus
+//! thick vs the Plexus daemon (`plexus-shim` + `plexus-daemon`; its network-status written
+//! after the answer, and with `--status-in-call`). Same configs (only `type` and the keys that
+//! select a mode differ): the bridge default network + one macvlan NAD, same plugins, same
+//! pods. Rounds interleave every system (order rotated per round) next to the plugins run
+//! directly; it prints medians and spread of the overhead over the plugins, ratios to the
+//! peer, API requests per ADD and DEL (`apiserver_request_total`) and peak RSS.
+//!
+//! Peers: `PLEXUS_PEERS_BIN` (default `/work/shared/peers/bin`): `multus`, `multus-daemon`,
+//! `multus-shim` (v4.3.0), plain or `.xz`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use plexus_e2e::realk8s::{bins::find_usable, metrics, ControlPlane, K8sBins, RequestCounts};
+use serde_json::{json, Value};
+
+use crate::{exec, plexus_env, Env};
+
+const RESOURCES: &[&str] = &["pods", "events", "network-attachment-definitions"];
+const NODE: &str = "bench-node";
+const SA_DIR: &str = "/run/secrets/kubernetes.io/serviceaccount";
+
+/// One system under test: the binary the runtime execs and its config.
+struct System {
+    label: &'static str,
+    bin: PathBuf,
+    conf: Value,
+}
+
+/// A background process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Milliseconds: median, p10 and p90 of `v`.
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.1), at(0.9))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Peak RSS (KiB) of one call of `bin` under GNU time (its process and the children it waited
+/// for, i.e. its delegates too).
+fn peak_rss(bin: &Path, env: &[(&str, &str)], conf: &Value) -> u64 {
+    let mut cmd = Command::new("/usr/bin/time");
+    cmd.args(["-f", "%M"]).arg(bin);
+    let out = crate::run_with(cmd, env, conf);
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+struct Peers {
+    cp: ControlPlane,
+    e: Env,
+    cni_bin: PathBuf,
+    pods: usize,
+    /// Daemons (and where the Multus one's in-cluster token is mounted), killed on drop.
+    procs: Vec<Proc>,
+    made_sa_dir: Option<PathBuf>,
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        self.procs.clear();
+        if let Some(d) = &self.made_sa_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+impl Peers {
+    fn start(cni_bin: &Path) -> Result<Peers> {
+        let Some(bins) = K8sBins::from_env()? else {
+            bail!("--peers needs PLEXUS_K8S_BIN (the kube-apiserver and etcd binaries)");
+        };
+        let cp = ControlPlane::start(&bins)?;
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])?;
+        cp.create_namespace("db")?;
+        // Multus' own service account, bound to cluster-admin (its RBAC is not under test).
+        cp.kubectl(&["-n", "kube-system", "create", "serviceaccount", "multus"])?;
+        cp.kubectl(&[
+            "create",
+            "clusterrolebinding",
+            "multus-bench",
+            "--clusterrole=cluster-admin",
+            "--serviceaccount=kube-system:multus",
+        ])?;
+        let e = Env::new();
+        let token = cp.create_token("kube-system", "plexus")?;
+        cp.write_kubeconfig(&e.path("kubeconfig"), &token)?;
+        let mtoken = cp.create_token("kube-system", "multus")?;
+        cp.write_kubeconfig(&e.path("multus.kubeconfig"), &mtoken)?;
+        let sa = e.path("multus-sa");
+        std::fs::create_dir_all(&sa)?;
+        std::fs::write(sa.join("token"), &mtoken)?;
+        std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
+        std::fs::write(sa.join("namespace"), "kube-system")?;
+        let mut nad_conf = e.delegates()[1].clone();
+        nad_conf.as_object_mut().unwrap().remove("name");
+        cp.apply(
+            &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":"data","namespace":"db"},"spec":{"config":nad_conf.to_string()}})
+            .to_string(),
+        )?;
+        Ok(Peers {
+            cp,
+            e,
+            cni_bin: cni_bin.to_path_buf(),
+            pods: 0,
+            procs: vec![],
+            made_sa_dir: None,
+        })
+    }
+
+    /// A new pod on the node asking for `db/data`: (name, uid).
+    fn pod(&mut self) -> Result<(String, String)> {
+        self.pods += 1;
+        let pod = format!("peer-{}", self.pods);
+        self.cp.apply(
+            &json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":pod,"namespace":"db",
+                "annotations":{"k8s.v1.cni.cncf.io/networks":"data"}},
+                "spec":{"nodeName":NODE,"containers":[{"name":"c","image":"pause"}]}})
+            .to_string(),
+        )?;
+        let uid = self
+            .cp
+            .get_json(&format!("/api/v1/namespaces/db/pods/{pod}"))?["metadata"]["uid"]
+            .as_str()
+            .context("pod uid")?
+            .to_string();
+        Ok((pod, uid))
+    }
+
+    /// A thin config of `type` (its own state dir and kubeconfig), logging errors only.
+    fn thin(&self, type_: &str, kubeconfig: &str) -> Value {
+        json!({"cniVersion":"1.0.0","name":"bench","type":type_,
+            "kubeconfig":self.e.path(kubeconfig),"cniDir":self.e.path(&format!("{type_}-state")),
+            "binDir":self.cni_bin,"logLevel":"error","logToStderr":false,
+            "delegates":[self.e.delegates()[0]]})
+    }
+
+    /// `plexus-daemon` on its own socket (`name`), watching the node's pods; it logs at info
+    /// level (one `ADD done` line with its phases per ADD) to `<name>.log`.
+    fn plexus_daemon(&mut self, plexus: &Path, name: &str, extra: &[&str]) -> Result<u32> {
+        let ready = self.e.path(&format!("{name}.ready"));
+        let child = Command::new(plexus)
+            .arg("daemon")
+            .args([
+                "--socket",
+                self.e
+                    .path(&format!("{name}/plexus.sock"))
+                    .to_str()
+                    .unwrap(),
+            ])
+            .args(["--kubeconfig", self.e.path("kubeconfig").to_str().unwrap()])
+            .args(["--node", NODE])
+            .args(["--readiness-file", ready.to_str().unwrap()])
+            .args(extra)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("PLEXUS_LOG_LEVEL", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.e.path(&format!("{name}.log")))?)
+            .spawn()
+            .context("start plexus daemon")?;
+        let pid = child.id();
+        self.procs.push(Proc(child));
+        let t = Instant::now();
+        while !ready.exists() {
+            ensure!(
+                t.elapsed() < Duration::from_secs(20),
+                "plexus daemon not ready"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(pid)
+    }
+
+    /// `multus-daemon` with in-cluster credentials (its only way): the token bind-mounted at
+    /// the service-account path in a mount namespace of its own; returns its pid and the
+    /// shim config it generated.
+    fn multus_daemon(&mut self, daemon: &Path) -> Result<(u32, Value)> {
+        let d = self.e.path("multus");
+        for sub in ["netd", "auto", "run"] {
+            std::fs::create_dir_all(d.join(sub))?;
+        }
+        let auto = json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[self.e.delegates()[0]]});
+        std::fs::write(d.join("auto/10-bridge.conflist"), auto.to_string())?;
+        let cfg = json!({"chrootDir":"","cniVersion":"0.3.1","logToStderr":true,"logLevel":"error",
+            "cniConfigDir":d.join("netd"),"multusAutoconfigDir":d.join("auto"),"multusConfigFile":"auto",
+            "socketDir":format!("{}/", d.join("run").display()),
+            "daemonSocketDir":format!("{}/", d.join("run").display()),"binDir":self.cni_bin});
+        std::fs::write(d.join("daemon.json"), cfg.to_string())?;
+        if !Path::new(SA_DIR).exists() {
+            let top = Path::new("/run/secrets");
+            if !top.exists() {
+                self.made_sa_dir = Some(top.to_path_buf());
+            }
+            std::fs::create_dir_all(SA_DIR)?;
+        }
+        let script = format!(
+            "mount --bind {} {SA_DIR} && exec {} -config {}",
+            self.e.path("multus-sa").display(),
+            daemon.display(),
+            d.join("daemon.json").display()
+        );
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", self.cp.port().to_string())
+            .env("MULTUS_NODE_NAME", NODE)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("daemon.log"))?)
+            .spawn()
+            .context("start multus-daemon")?;
+        let pid = child.id();
+        self.procs.push(Proc(child));
+        let conf = d.join("netd/00-multus.conf");
+        let t = Instant::now();
+        while !conf.exists() || !d.join("run/multus.sock").exists() {
+            ensure!(
+                t.elapsed() < Duration::from_secs(30),
+                "multus-daemon wrote no config: {}",
+                std::fs::read_to_string(d.join("daemon.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        Ok((pid, serde_json::from_slice(&std::fs::read(&conf)?)?))
+    }
+
+    /// One call of `s` for pod (`pod`, `uid`), container `cid`.
+    fn call(
+        &self,
+        s: &System,
+        cmd: &'static str,
+        cid: &str,
+        pod: &str,
+        uid: &str,
+    ) -> Result<Duration> {
+        let netns = format!("/run/netns/{}", self.e.netns);
+        let cni_path = self.cni_bin.display().to_string();
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
+        let t = Instant::now();
+        let (ok, out) = exec(
+            &s.bin,
+            &plexus_env(cmd, cid, &netns, &cni_path, &args),
+            &s.conf,
+        );
+        let took = t.elapsed();
+        ensure!(ok, "{} {cmd} failed: {out}", s.label);
+        Ok(took)
+    }
+
+    /// The two plugins run directly (ADD, DEL).
+    fn direct(&self, cid: &str) -> Result<(Duration, Duration)> {
+        let netns = format!("/run/netns/{}", self.e.netns);
+        let cni_path = self.cni_bin.display().to_string();
+        let d = self.e.delegates();
+        let run = |cmd: &str, order: &[(&Value, &str)]| -> Result<Duration> {
+            let t = Instant::now();
+            for (conf, ifn) in order {
+                let env = [
+                    ("CNI_COMMAND", cmd),
+                    ("CNI_CONTAINERID", cid),
+                    ("CNI_NETNS", netns.as_str()),
+                    ("CNI_IFNAME", ifn),
+                    ("CNI_PATH", cni_path.as_str()),
+                ];
+                let bin = self.cni_bin.join(conf["type"].as_str().unwrap());
+                let (ok, out) = exec(&bin, &env, conf);
+                ensure!(ok, "direct {cmd} of {} failed: {out}", conf["type"]);
+            }
+            Ok(t.elapsed())
+        };
+        Ok((
+            run("ADD", &[(&d[0], "eth0"), (&d[1], "net1")])?,
+            run("DEL", &[(&d[1], "net1"), (&d[0], "eth0")])?,
+        ))
+    }
+
+    /// API requests of one ADD and of its DEL through `s` (per-pod ones; the daemons' watches
+    /// excluded), the background writes given 500 ms to land.
+    fn requests(&mut self, s: &System) -> Result<(RequestCounts, RequestCounts)> {
+        let (pod, uid) = self.pod()?;
+        std::thread::sleep(Duration::from_millis(400));
+        let cid = format!("req-{}", self.pods);
+        let counted = |cmd| -> Result<RequestCounts> {
+            let before = self.cp.request_totals()?;
+            self.call(s, cmd, &cid, &pod, &uid)?;
+            std::thread::sleep(Duration::from_millis(500));
+            let mut d = metrics::delta(&before, &self.cp.request_totals()?, RESOURCES);
+            d.retain(|k, _| k.verb != "WATCH" && k.verb != "LIST");
+            Ok(d)
+        };
+        Ok((counted("ADD")?, counted("DEL")?))
+    }
+}
+
+fn total(c: &RequestCounts) -> u64 {
+    c.values().sum()
+}
+
+fn shown(c: &RequestCounts) -> String {
+    c.iter()
+        .map(|(k, n)| format!("{k} ×{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Run the side-by-side benchmark with `n` timed rounds.
+pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
+    let peers_dir = std::env::var_os("PLEXUS_PEERS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin"));
+    let peer = |name: &str| -> Result<PathBuf> {
+        find_usable(&peers_dir, name)?
+            .with_context(|| format!("no {name} in {}", peers_dir.display()))
+    };
+    let (multus, multus_daemon, multus_shim) = (
+        peer("multus")?,
+        peer("multus-daemon")?,
+        peer("multus-shim")?,
+    );
+    let shim = plexus.with_file_name("plexus-shim");
+    ensure!(shim.exists(), "no plexus-shim next to {}", plexus.display());
+    let mut p = Peers::start(cni_bin)?;
+    let pd_pid = p.plexus_daemon(plexus, "pd", &[])?;
+    let pc_pid = p.plexus_daemon(plexus, "pc", &["--status-in-call"])?;
+    let (md_pid, multus_conf) = p.multus_daemon(&multus_daemon)?;
+    let shim_conf = |dir: &str| {
+        let mut c = p.thin("plexus-shim", "kubeconfig");
+        c["daemonSocket"] = json!(p.e.path(&format!("{dir}/plexus.sock")));
+        c
+    };
+    let systems = [
+        System {
+            label: "Multus thin",
+            bin: multus,
+            conf: p.thin("multus", "multus.kubeconfig"),
+        },
+        System {
+            label: "Plexus thin",
+            bin: plexus.to_path_buf(),
+            conf: p.thin("plexus", "kubeconfig"),
+        },
+        System {
+            label: "Multus thick",
+            bin: multus_shim,
+            conf: multus_conf,
+        },
+        System {
+            label: "Plexus daemon",
+            bin: shim.clone(),
+            conf: shim_conf("pd"),
+        },
+        System {
+            label: "Plexus daemon, status in call",
+            bin: shim,
+            conf: shim_conf("pc"),
+        },
+    ];
+    println!(
+        "side by side on a real kube-apiserver over TLS: bridge default + 1 macvlan NAD, {n} interleaved rounds (+1 warm-up), order rotated per round; machine shared (2 cores)"
+    );
+    let k = systems.len();
+    let (mut add, mut del) = (vec![vec![]; k], vec![vec![]; k]);
+    let mut add_wall: Vec<Vec<f64>> = vec![vec![]; k];
+    let (mut dadd, mut ddel) = (vec![], vec![]);
+    for round in 0..=n {
+        let mut pods = vec![];
+        for _ in 0..k {
+            pods.push(p.pod()?);
+        }
+        // The daemons' watches deliver new pods within ms; make sure every cache has them.
+        std::thread::sleep(Duration::from_millis(300));
+        let (da, dd) = p.direct(&format!("direct-{round}"))?;
+        for j in 0..k {
+            let i = (j + round) % k;
+            let (pod, uid) = &pods[i];
+            let cid = format!("c-{round}-{i}");
+            let a = p.call(&systems[i], "ADD", &cid, pod, uid)?;
+            let d = p.call(&systems[i], "DEL", &cid, pod, uid)?;
+            if round > 0 {
+                add_wall[i].push(ms(a));
+                add[i].push(ms(a) - ms(da));
+                del[i].push(ms(d) - ms(dd));
+            }
+        }
+        if round > 0 {
+            dadd.push(ms(da));
+            ddel.push(ms(dd));
+        }
+    }
+    let (pa, _, _) = stats(&dadd);
+    let (pd, _, _) = stats(&ddel);
+    println!(" the plugins alone (bridge + macvlan): ADD {pa:.1} ms, DEL {pd:.1} ms (medians)");
+    println!(" overhead over the plugins, per round (median [p10, p90]):");
+    let mut med = BTreeMap::new();
+    for (i, s) in systems.iter().enumerate() {
+        let (am, a10, a90) = stats(&add[i]);
+        let (dm, d10, d90) = stats(&del[i]);
+        med.insert(s.label, (am, dm));
+        println!(
+            "  {:<30} ADD {am:+6.1} ms [{a10:+.1}, {a90:+.1}]   DEL {dm:+6.1} ms [{d10:+.1}, {d90:+.1}]",
+            s.label
+        );
+    }
+    let ratio = |a: &str, b: &str| {
+        let (x, y) = (med[a], med[b]);
+        (x.0 / y.0, x.1 / y.1)
+    };
+    for (a, b) in [
+        ("Plexus thin", "Multus thin"),
+        ("Plexus daemon", "Multus thick"),
+        ("Plexus daemon, status in call", "Multus thick"),
+    ] {
+        let (ra, rd) = ratio(a, b);
+        println!(" {a} / {b}: ADD overhead {ra:.2}×, DEL overhead {rd:.2}×");
+    }
+    // Where the daemon's ADD time goes: its own `ADD done` lines (the timed rounds' ADDs).
+    for (idx, name, label) in [
+        (3, "pd", "Plexus daemon"),
+        (4, "pc", "Plexus daemon, status in call"),
+    ] {
+        let text = std::fs::read_to_string(p.e.path(&format!("{name}.log")))?;
+        let done: Vec<_> = crate::real_api::parse_log(&text, "ADD")
+            .into_iter()
+            .skip(1)
+            .take(n)
+            .collect();
+        let med = |f: &dyn Fn(&crate::real_api::Done) -> f64| {
+            stats(&done.iter().map(f).collect::<Vec<_>>()).0
+        };
+        let mut phases: Vec<String> = done
+            .iter()
+            .flat_map(|d| d.phases.keys().cloned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|k| {
+                let m = med(&|d| d.phases.get(&k).copied().unwrap_or(0.0));
+                format!("{k} {m:.2}")
+            })
+            .collect();
+        phases.sort();
+        println!(
+            " {label}: ADD inside the daemon {:.2} ms (median of {}), phases (ms): {}",
+            med(&|d| d.elapsed_ms),
+            done.len(),
+            phases.join(", ")
+        );
+        // Per call (robust to the delegates' spread): wall minus the delegates' time, and the
+        // part outside the daemon's pipeline (shim exec, socket, queueing).
+        let delegates =
+            |d: &crate::real_api::Done| d.phases.get("delegates").copied().unwrap_or(0.0);
+        let pairs = || add_wall[idx].iter().zip(&done);
+        let own: Vec<f64> = pairs().map(|(w, d)| w - delegates(d)).collect();
+        let outside: Vec<f64> = pairs().map(|(w, d)| w - d.elapsed_ms).collect();
+        let inside: Vec<f64> = done.iter().map(|d| d.elapsed_ms - delegates(d)).collect();
+        let (o, o10, o90) = stats(&own);
+        println!(
+            "   own time per ADD (wall minus its delegates): {o:.2} ms [{o10:.2}, {o90:.2}] = outside the pipeline (shim exec, socket) {:.2} + inside it, delegates excluded {:.2}",
+            stats(&outside).0,
+            stats(&inside).0
+        );
+    }
+    println!(" API requests per ADD / DEL (apiserver_request_total, watches excluded):");
+    for s in &systems {
+        let (a, d) = p.requests(s)?;
+        println!(
+            "  {:<30} {} / {}   (ADD: {}; DEL: {})",
+            s.label,
+            total(&a),
+            total(&d),
+            shown(&a),
+            shown(&d)
+        );
+    }
+    println!(" peak RSS (KiB; GNU time, a thin plugin's figure includes its delegates):");
+    let (pod, uid) = p.pod()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let netns = format!("/run/netns/{}", p.e.netns);
+    let cni_path = p.cni_bin.display().to_string();
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid}");
+    for s in &systems {
+        let cid = format!("rss-{}", s.label.replace(' ', "-"));
+        let add = peak_rss(
+            &s.bin,
+            &plexus_env("ADD", &cid, &netns, &cni_path, &args),
+            &s.conf,
+        );
+        let del = peak_rss(
+            &s.bin,
+            &plexus_env("DEL", &cid, &netns, &cni_path, &args),
+            &s.conf,
+        );
+        println!("  {:<30} ADD {add} DEL {del}", s.label);
+    }
+    let d = p.e.delegates();
+    let env = plexus_env("ADD", "rss-direct", &netns, &cni_path, "");
+    let bridge = peak_rss(&p.cni_bin.join("bridge"), &env, &d[0]);
+    let del_env = plexus_env("DEL", "rss-direct", &netns, &cni_path, "");
+    let _ = exec(&p.cni_bin.join("bridge"), &del_env, &d[0]);
+    println!("  {:<30} ADD {bridge}", "the bridge plugin alone");
+    for (label, pid) in [
+        ("Multus thick daemon", md_pid),
+        ("Plexus daemon", pd_pid),
+        ("Plexus daemon (status in call)", pc_pid),
+    ] {
+        let (now, hwm) = plexus_e2e::procfs::rss_kib(pid);
+        println!("  {label:<30} RSS {now}, peak {hwm} (VmHWM, whole run)");
+    }
+    Ok(())
+}

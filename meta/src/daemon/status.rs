@@ -1,0 +1,231 @@
+//! Daemon mode's network-status writes off the runtime's critical path: an ADD answers the
+//! runtime as soon as its attachments are done, and the status PATCH runs in the background.
+//!
+//! Consistency (docs/daemon.md, "network-status in the background"):
+//! - a reader sees the pod's network-status one PATCH later than the ADD's answer (the API
+//!   server's few ms); the sandbox's containers start after the answer, so the window is
+//!   normally closed before any of them runs;
+//! - writes for one pod (`namespace/name`) are sent one at a time in ADD order, and a write
+//!   superseded by a later ADD of the same pod, or whose container was DELeted, is dropped: an
+//!   older sandbox's status never lands after a newer one's (a PATCH already on the wire
+//!   finishes before the next one starts);
+//! - failures are retried (0.5 s doubling to 30 s, for [`STATUS_RETRY_FOR`]; a restarting
+//!   apiserver answers 403 until its RBAC cache is loaded); a refusal (403, 422, …) cannot
+//!   undo the attachments any more: the first one is logged and posted as a Warning event
+//!   (`NetworkStatusFailed`), and the pod runs without network-status until a retry succeeds;
+//! - SIGTERM waits (within the drain period) for the pending writes; a daemon killed before a
+//!   write was sent loses it: that pod keeps running without network-status until its
+//!   sandbox is recreated. `--status-in-call` (`statusInCall`) restores the in-call PATCH
+//!   (thin mode's semantics: a permanent refusal undoes the ADD, code 11/102).
+
+use crate::k8s::{EventType, K8sError, KubeClient, PodRef};
+use crate::pod::PodIdentity;
+use crate::report::STATUS_RETRY_FOR;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+static BACKGROUND: AtomicBool = AtomicBool::new(false);
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// One pod's newest pending write.
+struct Pending {
+    generation: u64,
+    container: String,
+    /// Held while a write of this pod is checked and sent: one PATCH at a time per pod.
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+fn pending() -> &'static Mutex<HashMap<String, Pending>> {
+    static P: OnceLock<Mutex<HashMap<String, Pending>>> = OnceLock::new();
+    P.get_or_init(Default::default)
+}
+
+fn table() -> std::sync::MutexGuard<'static, HashMap<String, Pending>> {
+    pending().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Turn background writes on (the daemon, unless `statusInCall`).
+pub fn set_background(on: bool) {
+    BACKGROUND.store(on, Ordering::SeqCst);
+}
+
+/// True when ADD leaves the status PATCH to the background.
+pub fn background() -> bool {
+    BACKGROUND.load(Ordering::SeqCst)
+}
+
+/// Writes registered and not yet finished or dropped.
+pub fn pending_count() -> usize {
+    table().len()
+}
+
+thread_local! {
+    /// The container of the ADD this worker thread serves (set by the daemon around a call).
+    static CONTAINER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Run `f` as the call for `container` (the write it registers is cancelled by its DEL).
+pub fn for_container<T>(container: &str, f: impl FnOnce() -> T) -> T {
+    CONTAINER.with(|c| *c.borrow_mut() = container.to_string());
+    let out = f();
+    CONTAINER.with(|c| c.borrow_mut().clear());
+    out
+}
+
+/// Register the network-status `status` of `pod` (for the current call's container),
+/// superseding any pending write of the pod; the returned future writes it (spawn it).
+pub fn write_later(
+    client: &KubeClient,
+    pod: &PodIdentity,
+    status: String,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let key = pod.key();
+    let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
+    let container = CONTAINER.with(|c| c.borrow().clone());
+    let lock = {
+        let mut t = table();
+        let lock = t.get(&key).map(|p| Arc::clone(&p.lock)).unwrap_or_default();
+        t.insert(
+            key.clone(),
+            Pending {
+                generation,
+                container,
+                lock: Arc::clone(&lock),
+            },
+        );
+        lock
+    };
+    let (client, pod) = (client.clone(), pod.clone());
+    async move {
+        write(&client, &pod, &key, generation, &lock, &status).await;
+        let mut t = table();
+        if t.get(&key).is_some_and(|p| p.generation == generation) {
+            t.remove(&key);
+        }
+    }
+}
+
+/// Still the newest write of its pod (not superseded, not cancelled by a DEL).
+fn current(key: &str, generation: u64) -> bool {
+    table().get(key).is_some_and(|p| p.generation == generation)
+}
+
+async fn write(
+    client: &KubeClient,
+    pod: &PodIdentity,
+    key: &str,
+    generation: u64,
+    lock: &tokio::sync::Mutex<()>,
+    status: &str,
+) {
+    let started = Instant::now();
+    let mut wait = Duration::from_millis(500);
+    let mut warned = false;
+    loop {
+        let res = {
+            let _one_at_a_time = lock.lock().await;
+            if !current(key, generation) {
+                tracing::debug!(pod = %key, "network-status write superseded or its container deleted");
+                return;
+            }
+            client
+                .set_network_status(&pod.namespace, &pod.name, &pod.uid, status)
+                .await
+        };
+        match res {
+            Ok(()) => {
+                tracing::debug!(pod = %key, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "network-status written");
+                return;
+            }
+            Err(e) if e.is_not_found() || matches!(e, K8sError::PodReplaced { .. }) => {
+                tracing::warn!(pod = %key, error = %e, "network-status not written: the pod is gone");
+                return;
+            }
+            Err(e) if started.elapsed() >= STATUS_RETRY_FOR => {
+                tracing::error!(pod = %key, error = %e, "network-status never written: giving up, the pod runs without it");
+                return;
+            }
+            Err(e) if e.is_transient() || warned => {
+                tracing::warn!(pod = %key, error = %e, "network-status not written yet: retrying");
+            }
+            Err(e) => {
+                // Refused (403, 422, …): the ADD cannot be undone any more. Say so once, and
+                // keep retrying: a restarting apiserver answers 403 until its RBAC cache is
+                // loaded, and RBAC can be fixed.
+                warned = true;
+                tracing::error!(pod = %key, error = %e, "network-status refused: retrying in the background");
+                let r = PodRef {
+                    ns: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    node: String::new(),
+                };
+                let msg = format!("cannot write the network-status annotation (retrying): {e}");
+                if let Err(e) = client
+                    .post_event(&r, EventType::Warning, "NetworkStatusFailed", &msg)
+                    .await
+                {
+                    tracing::warn!(pod = %key, error = %e, "event not posted");
+                }
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// A DEL of `container`: drop its pod's pending write if it is that container's (a PATCH
+/// already sent completes; one not yet sent is never sent).
+pub fn cancel(container: &str) {
+    table().retain(|_, p| p.container != container);
+}
+
+/// Wait until no write is pending, up to `deadline`; returns how many are left.
+pub fn wait_idle(deadline: Instant) -> usize {
+    loop {
+        let n = pending_count();
+        if n == 0 || Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_add_supersedes_and_a_del_cancels_its_containers_write() {
+        let key = "h18-test/p".to_string();
+        let reg = |generation: u64, c: &str| {
+            table().insert(
+                key.clone(),
+                Pending {
+                    generation,
+                    container: c.into(),
+                    lock: Default::default(),
+                },
+            );
+        };
+        reg(10, "c1");
+        assert!(current(&key, 10));
+        reg(11, "c2");
+        assert!(!current(&key, 10), "superseded by the newer ADD");
+        assert!(current(&key, 11));
+        cancel("c1");
+        assert!(
+            current(&key, 11),
+            "a DEL of the old container keeps the new write"
+        );
+        cancel("c2");
+        assert!(!current(&key, 11), "a DEL of its container drops the write");
+        assert_eq!(
+            for_container("c3", || CONTAINER.with(|c| c.borrow().clone())),
+            "c3"
+        );
+        assert!(CONTAINER.with(|c| c.borrow().is_empty()));
+    }
+}
