@@ -133,6 +133,79 @@ pub fn host_programs(names: &[&str]) -> Result<Vec<ImageFile>> {
     Ok(files)
 }
 
+/// The programs deploy/install.sh runs (for an installer image).
+pub const INSTALLER_PROGRAMS: &[&str] = &[
+    "sh",
+    "jq",
+    "cp",
+    "mv",
+    "cmp",
+    "dd",
+    "sha256sum",
+    "cut",
+    "base64",
+    "tr",
+    "mkdir",
+    "rm",
+    "grep",
+    "sleep",
+    "cat",
+    "date",
+    "chmod",
+];
+
+/// The `plexus:latest` image of deploy/Dockerfile, built from the host instead: the installer's
+/// programs ([`INSTALLER_PROGRAMS`]) and their libraries, `/install.sh`, and each of `bins`
+/// (name, built binary) stripped into `/usr/src/plexus/bin/` with the libraries it needs (the
+/// daemon runs in the image). Written as an OCI tarball under `work`; returns its path.
+pub fn plexus_image(
+    work: &std::path::Path,
+    install_sh: &std::path::Path,
+    bins: &[(&str, std::path::PathBuf)],
+) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(work)?;
+    let mut files = host_programs(INSTALLER_PROGRAMS)?;
+    let mut have: BTreeSet<String> = files.iter().map(|f| f.path.clone()).collect();
+    files.push(ImageFile::new(
+        "/install.sh",
+        0o755,
+        std::fs::read(install_sh)?,
+    ));
+    for (name, built) in bins {
+        let out = work.join(name);
+        let ok = Command::new("strip")
+            .arg("-o")
+            .arg(&out)
+            .arg(built)
+            .status()?
+            .success();
+        if !ok {
+            bail!("strip {}", built.display());
+        }
+        files.push(ImageFile::new(
+            &format!("/usr/src/plexus/bin/{name}"),
+            0o755,
+            std::fs::read(&out)?,
+        ));
+        for l in shared_libraries(&built.display().to_string())? {
+            if have.insert(l.clone()) {
+                files.push(ImageFile::new(&l, 0o755, std::fs::read(&l)?));
+            }
+        }
+    }
+    let tar = work.join("plexus-image.tar");
+    std::fs::write(
+        &tar,
+        oci_archive(
+            "docker.io/library/plexus:latest",
+            &files,
+            &["/install.sh"],
+            &["PATH=/bin"],
+        )?,
+    )?;
+    Ok(tar)
+}
+
 /// Absolute paths of the shared libraries (and the loader) `ldd` lists for `binary`.
 fn shared_libraries(binary: &str) -> Result<Vec<String>> {
     let out = Command::new("ldd")

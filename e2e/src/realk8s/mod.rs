@@ -38,6 +38,7 @@ mod https;
 pub mod image;
 pub mod metrics;
 pub mod node;
+pub mod overlay;
 pub mod pause;
 pub mod pki;
 mod proc;

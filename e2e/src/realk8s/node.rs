@@ -23,8 +23,6 @@ use super::{free_port, tail, ControlPlane, K8sBins, Proc};
 
 /// Where Debian's CNI plugins are; the node's CNI bin dir links to them.
 pub const SYSTEM_CNI_BIN: &str = "/usr/lib/cni";
-/// Name of the primary ("flannel-shaped") config file the node starts with.
-pub const PRIMARY_CONF: &str = "10-flannel.conflist";
 
 /// A running containerd + kubelet. Drop (or [`Node::stop`]) cleans up.
 pub struct Node<'a> {
@@ -42,13 +40,14 @@ pub struct Node<'a> {
 }
 
 impl<'a> Node<'a> {
-    /// Start containerd with `primary(ipam_dir)` (a conflist) as `<conf dir>/10-flannel.conflist`,
-    /// import the pause image, start the kubelet as node `name` and wait for the Node to be Ready.
-    /// `primary` gets [`Node::ipam_dir`], for host-local's `dataDir`.
+    /// Start containerd with `primary(node dir)` (a conflist, e.g.
+    /// [`super::overlay::Overlay::conflist`]) as `<conf dir>/<conf_name>`, import the pause
+    /// image, start the kubelet as node `name` and wait for the Node to be Ready.
     pub fn start(
         cp: &'a ControlPlane,
         bins: &K8sBins,
         name: &str,
+        conf_name: &str,
         primary: &dyn Fn(&Path) -> Value,
     ) -> Result<Node<'a>> {
         let t0 = Instant::now();
@@ -74,7 +73,7 @@ impl<'a> Node<'a> {
             stopped: false,
             dir,
         };
-        if let Err(e) = node.boot(bins, primary) {
+        if let Err(e) = node.boot(bins, conf_name, primary) {
             let logs = format!(
                 "containerd.log:\n{}\nkubelet.log:\n{}",
                 tail(&node.path("containerd.log"), 15),
@@ -91,7 +90,12 @@ impl<'a> Node<'a> {
         Ok(node)
     }
 
-    fn boot(&mut self, bins: &K8sBins, primary: &dyn Fn(&Path) -> Value) -> Result<()> {
+    fn boot(
+        &mut self,
+        bins: &K8sBins,
+        conf_name: &str,
+        primary: &dyn Fn(&Path) -> Value,
+    ) -> Result<()> {
         for d in [
             "cni/bin",
             "cni/net.d",
@@ -113,8 +117,8 @@ impl<'a> Node<'a> {
             std::os::unix::fs::symlink(entry.path(), self.bin_dir().join(entry.file_name()))?;
         }
         std::fs::write(
-            self.conf_dir().join(PRIMARY_CONF),
-            serde_json::to_vec_pretty(&primary(&self.ipam_dir()))?,
+            self.conf_dir().join(conf_name),
+            serde_json::to_vec_pretty(&primary(self.dir.path()))?,
         )?;
         self.make_cgroup_root()?;
 
@@ -626,4 +630,78 @@ fn unmount_under(dir: &Path) {
         }
     }
     eprintln!("realk8s node: mounts left under {prefix}");
+}
+
+/// A view of the host's root for a pod's `hostPath: /` with `mountPropagation:
+/// HostToContainer`, which containerd refuses unless the source is a shared or slave mount (on
+/// this machine `/` is private; on a systemd node it is shared). At `path` (outside any directory
+/// the tiers remove recursively): `/` bound WITHOUT its submounts (so no copy of another test's
+/// container mounts can make its cleanup fail with EBUSY), plus `/proc`, `/sys`, `/dev` and
+/// `/run/netns` (a peer of the host's: pod namespaces created later appear in it), all made
+/// shared. Drop makes it private first (so the detach propagates nowhere), detaches it, and
+/// removes the empty directory; the host's own mounts never change.
+pub struct SharedHostRoot {
+    path: PathBuf,
+}
+
+impl SharedHostRoot {
+    /// Build it at `path` (created; must not exist).
+    pub fn new(path: &Path) -> Result<SharedHostRoot> {
+        use nix::mount::{mount, MsFlags};
+        std::fs::create_dir(path).with_context(|| format!("mkdir {}", path.display()))?;
+        let root = SharedHostRoot {
+            path: path.to_path_buf(),
+        };
+        let none: Option<&str> = None;
+        mount(Some("/"), path, none, MsFlags::MS_BIND, none)
+            .with_context(|| format!("bind / on {}", path.display()))?;
+        for d in ["proc", "sys", "dev", "run/netns"] {
+            let src = Path::new("/").join(d);
+            if src.is_dir() {
+                mount(
+                    Some(&src),
+                    &path.join(d),
+                    none,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    none,
+                )
+                .with_context(|| format!("rbind {} under {}", src.display(), path.display()))?;
+            }
+        }
+        mount(none, path, none, MsFlags::MS_SHARED | MsFlags::MS_REC, none)
+            .with_context(|| format!("make {} rshared", path.display()))?;
+        Ok(root)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SharedHostRoot {
+    fn drop(&mut self) {
+        use nix::mount::{mount, umount2, MntFlags, MsFlags};
+        let none: Option<&str> = None;
+        if mount_points().iter().any(|m| Path::new(m) == self.path) {
+            if let Err(e) = mount(
+                none,
+                &self.path,
+                none,
+                MsFlags::MS_PRIVATE | MsFlags::MS_REC,
+                none,
+            ) {
+                // Never detach a tree that is still a peer of the host's mounts.
+                eprintln!(
+                    "realk8s: make {} private: {e}; left mounted",
+                    self.path.display()
+                );
+                return;
+            }
+            let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+        }
+        if let Err(e) = std::fs::remove_dir(&self.path) {
+            eprintln!("realk8s: rmdir {}: {e}", self.path.display());
+        }
+    }
 }

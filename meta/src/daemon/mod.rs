@@ -55,6 +55,9 @@ pub struct DaemonConfig {
     /// A log file (appended, 0600, rotated at 100 MB, 5 kept) besides stderr; empty: stderr
     /// only. The CNI config's `logFile` is the shim's and the in-process fallbacks' log.
     pub log_file: String,
+    /// The host's `/` as mounted in the daemon's container (`/hostroot`); delegates are exec'd
+    /// chrooted into it, so they see the host's files (docs/daemon.md). Empty: no chroot.
+    pub host_root: String,
 }
 
 impl Default for DaemonConfig {
@@ -72,6 +75,7 @@ impl Default for DaemonConfig {
             api_timeout_ms: 2500,
             log_level: String::new(),
             log_file: String::new(),
+            host_root: String::new(),
         }
     }
 }
@@ -80,7 +84,7 @@ const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
                      [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
-                     [--log-level LEVEL] [--log-file PATH]";
+                     [--log-level LEVEL] [--log-file PATH] [--host-root DIR]";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).
@@ -110,6 +114,7 @@ impl DaemonConfig {
                 "--drain-seconds" => cfg.drain_seconds = num(val()?)?,
                 "--log-level" => cfg.log_level = val()?,
                 "--log-file" => cfg.log_file = val()?,
+                "--host-root" => cfg.host_root = val()?,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -259,6 +264,10 @@ pub fn main(argv: &[String]) -> i32 {
 }
 
 fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    plexus_delegates::hostroot::set(std::path::Path::new(&cfg.host_root))?;
+    if let Some(root) = plexus_delegates::hostroot::get() {
+        tracing::info!(host_root = %root.display(), "delegates run chrooted into the host root");
+    }
     let client = rt.block_on(build_client(cfg))?;
     let caches = Arc::new(Caches::default());
     let metrics = Arc::new(Metrics::new());
