@@ -80,6 +80,9 @@ pub fn oci_archive(
     Ok(tar.finish())
 }
 
+/// `ImageFile::mode` type bits of a symbolic link (its `data` is the target).
+pub const SYMLINK: u32 = 0o120000;
+
 /// One layer: `files` and their parent directories.
 pub fn layer_tar(files: &[ImageFile]) -> Vec<u8> {
     let mut layer = Tar::default();
@@ -98,7 +101,12 @@ pub fn layer_tar(files: &[ImageFile]) -> Vec<u8> {
         layer.dir(d);
     }
     for f in files {
-        layer.file(f.path.trim_start_matches('/'), f.mode, &f.data);
+        let name = f.path.trim_start_matches('/');
+        if f.mode & 0o170000 == SYMLINK {
+            layer.symlink(name, &String::from_utf8_lossy(&f.data));
+        } else {
+            layer.file(name, f.mode, &f.data);
+        }
     }
     layer.finish()
 }
@@ -171,6 +179,8 @@ pub fn plexus_image(
         0o755,
         std::fs::read(install_sh)?,
     ));
+    // As in debian:12-slim: CNI_NETNS paths are /var/run/netns/… .
+    files.push(ImageFile::new("/var/run", SYMLINK | 0o777, b"/run".to_vec()));
     for (name, built) in bins {
         let out = work.join(name);
         let ok = Command::new("strip")
@@ -230,6 +240,8 @@ fn shared_libraries(binary: &str) -> Result<Vec<String>> {
 #[derive(Default)]
 pub(crate) struct Tar {
     out: Vec<u8>,
+    /// The link name of the entry being written (symlinks).
+    link_target: String,
 }
 
 impl Tar {
@@ -244,6 +256,13 @@ impl Tar {
         self.header(name, 0o755, 0, b'5');
     }
 
+    pub(crate) fn symlink(&mut self, name: &str, target: &str) {
+        assert!(target.len() < 100, "symlink target too long: {target}");
+        self.link_target = target.to_string();
+        self.header(name, 0o777, 0, b'2');
+        self.link_target.clear();
+    }
+
     fn header(&mut self, name: &str, mode: u32, size: usize, kind: u8) {
         assert!(name.len() < 100, "tar name too long: {name}");
         let mut h = [0u8; 512];
@@ -256,6 +275,7 @@ impl Tar {
         put(&mut h, 136, b"00000000000\0");
         put(&mut h, 148, b"        ");
         h[156] = kind;
+        put(&mut h, 157, self.link_target.as_bytes());
         put(&mut h, 257, b"ustar\0");
         put(&mut h, 263, b"00");
         let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
