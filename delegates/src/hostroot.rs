@@ -19,6 +19,10 @@ use std::sync::OnceLock;
 
 static HOST_ROOT: OnceLock<PathBuf> = OnceLock::new();
 
+/// `PATH` of a delegate run in the host root: the container's own `PATH` names the image's
+/// directories, not the host's (flannel's bridge found no `iptables` with the image's `/bin`).
+pub const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// Set the host root for the whole process (once; the daemon at startup). `/` or an empty path
 /// mean no chroot. An error when it is not a directory or was already set to another path.
 pub fn set(root: &Path) -> Result<(), String> {
@@ -71,8 +75,9 @@ pub fn metadata(p: &Path) -> std::io::Result<std::fs::Metadata> {
     Err(std::io::Error::from_raw_os_error(libc::ELOOP))
 }
 
-/// Make `cmd` chroot into the host root (and `chdir /`) between fork and exec; a no-op without
-/// one. The program path and every path the plugin uses are then the host's. (`pre_exec` is
+/// Make `cmd` chroot into the host root (and `chdir /`) between fork and exec, with `PATH`
+/// [`HOST_PATH`]; a no-op without one. The program path and every path the plugin uses are then
+/// the host's. (`pre_exec` is
 /// the one `unsafe` here: nothing in std chroots a child.)
 #[allow(unsafe_code)]
 pub fn prepare(cmd: &mut Command) {
@@ -82,6 +87,7 @@ pub fn prepare(cmd: &mut Command) {
     let Ok(root) = CString::new(root.as_os_str().as_bytes()) else {
         return;
     };
+    cmd.env("PATH", HOST_PATH);
     // SAFETY: between fork and exec only async-signal-safe calls (chroot, chdir) on memory
     // allocated before the fork.
     unsafe {

@@ -1,16 +1,26 @@
 //! Node tier: a real kubelet v1.36 and containerd 1.6 (`plexus_e2e::realk8s::node`) registered
-//! with a real kube-apiserver, the CNI config and plugins in directories of the node's own, and
-//! plexus installed the way the DaemonSet does it: every manifest in `deploy/` applied for real,
-//! then `deploy/install.sh` run with the DaemonSet's command and environment (token from the
-//! TokenRequest API for `kube-system/plexus`, generated config from a flannel-shaped primary
-//! conflist = bridge + host-local + portmap). Real pods then get 0, 1 and 3 extra networks in
-//! both annotation forms; a missing NAD; a burst of 20; deletes while the apiserver is down; and
-//! create→Running / delete→gone timings with and without plexus. After every delete: no netns,
-//! veth, lease, plan or result-cache file is left.
+//! with a real kube-apiserver, the CNI config and plugins in directories of the node's own, the
+//! cluster network a real overlay laid out as its installer does (`plexus_e2e::realk8s::overlay`:
+//! flanneld + flannel's `10-flannel.conflist`, then calico + calico-ipam's `10-calico.conflist`
+//! with its kubeconfig), and plexus installed the way the DaemonSet does it: every manifest in
+//! `deploy/` applied for real, then `deploy/install.sh` run with the DaemonSet's command and
+//! environment (token from the TokenRequest API for `kube-system/plexus`; the config generated
+//! from the overlay's conflist).
+//!
+//! **flannel** gets the full case list, **calico** the compact one (real_node_daemon swaps them;
+//! the CI budget): both get pods with 0, 1 and 3 extra networks in both annotation forms, a
+//! hostPort + bandwidth pod (portmap's DNAT, bandwidth's ifb while it runs, gone after), a burst
+//! of 20, deletes while the apiserver is down, version mixes (plexus at CNI 1.1.0: STATUS, GC)
+//! and the timing table (create→Running / delete→gone, overlay alone vs plexus vs plexus + 1
+//! NAD); flannel also a missing NAD, the installer's SIGTERM, the DaemonSet's own pod and a
+//! Multus-style thin config. After every delete: no netns, veth, lease, plan or result-cache
+//! file, no calico ipamhandle or /32 route, no flannel per-container state, no iptables rule
+//! naming a deleted container.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
-//! One control plane and one node per run; cases run in order (`cargo test -p plexus-e2e --test
-//! real_node -- NAME` runs the cases whose name contains NAME, plus the setup).
+//! One control plane, one node per overlay; cases run in order (`cargo test -p plexus-e2e --test
+//! real_node -- NAME` runs the cases whose name contains NAME, plus the setup; `calico/…` starts
+//! only calico's node).
 
 #[path = "real_node/api.rs"]
 mod api;
@@ -148,6 +158,8 @@ struct Tier<'a> {
     master: String,
     /// Every sandbox ID seen (for the libcni cache check).
     sandboxes: std::cell::RefCell<Vec<String>>,
+    /// Every pod netns path seen.
+    netns_seen: std::cell::RefCell<Vec<String>>,
 }
 
 fn repo(p: &str) -> PathBuf {
@@ -207,6 +219,7 @@ impl<'a> Tier<'a> {
             bridges,
             master,
             sandboxes: Default::default(),
+            netns_seen: Default::default(),
         })
     }
 
@@ -438,7 +451,9 @@ impl<'a> Tier<'a> {
     fn pod_netns(&self, ns: &str, name: &str) -> Result<(String, String)> {
         let pod = self.api.get_pod(ns, name)?.context("pod gone")?;
         let uid = pod["metadata"]["uid"].as_str().context("uid")?;
-        self.node.pod_sandbox(uid)
+        let (sb, netns) = self.node.pod_sandbox(uid)?;
+        self.netns_seen.borrow_mut().push(netns.clone());
+        Ok((sb, netns))
     }
 
     /// What the node still holds that belongs to deleted pods: plexus plans and result-cache
@@ -454,9 +469,12 @@ impl<'a> Tier<'a> {
                 .into_iter()
                 .map(|f| format!("lease: {f}")),
         );
+        // This tier's pods' namespaces only (another kubelet may run on the machine).
         v.extend(
-            cni_netns()
-                .difference(self.node.netns_before())
+            self.netns_seen
+                .borrow()
+                .iter()
+                .filter(|n| Path::new(n).exists())
                 .map(|n| format!("netns: {n}")),
         );
         for br in self.overlay.bridge().iter().chain(self.bridges.iter()) {
@@ -1308,30 +1326,6 @@ fn ensure_gone_after_stop(tier: &Tier<'_>) {
     if !left.is_empty() {
         eprintln!("real_node: WARNING: netns left: {left:?}");
     }
-}
-
-/// Names of the host's ifb links.
-fn ifb_links() -> BTreeSet<String> {
-    let out = common::ip(&["-j", "link", "show", "type", "ifb"]);
-    let v: Value = serde_json::from_str(&out).unwrap_or(json!([]));
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
-        .collect()
-}
-
-/// nat-table rules that DNAT host port `port`.
-fn dnat_rules(port: u16) -> Vec<String> {
-    let out = Command::new("iptables-save")
-        .args(["-t", "nat"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    out.lines()
-        .filter(|l| l.contains("DNAT") && l.contains(&format!("--dport {port} ")))
-        .map(str::to_string)
-        .collect()
 }
 
 /// `*.yaml` files of a directory, sorted.

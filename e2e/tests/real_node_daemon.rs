@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::image;
-use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node, SharedHostRoot};
+use plexus_e2e::realk8s::node::{wait_for, Node, SharedHostRoot};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
@@ -44,7 +44,8 @@ use serde_json::{json, Value};
 
 use api::Api;
 use pods::{
-    create_and_wait, delete_and_wait, manifest, network_status, wait_until_plexus_is_in_the_path,
+    create_and_wait, delete_and_wait, dnat_rules, ifb_links, manifest, network_status,
+    wait_until_plexus_is_in_the_path,
 };
 
 const NS: &str = "app";
@@ -117,6 +118,12 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
     suite.case(&name("every_pod_deleted_nothing_left_on_the_node"), || {
         tier.delete_all()
     });
+    if full {
+        suite.case(
+            &name("host_port_and_bandwidth_through_the_daemon_gone_after"),
+            || tier.host_port_and_bandwidth(),
+        );
+    }
     suite.case(
         &name("daemon_as_the_daemonsets_pod_runs_delegates_in_the_host_root"),
         || tier.daemon_pod(),
@@ -154,6 +161,8 @@ struct Tier<'a> {
     pods: Vec<Placed>,
     /// Every sandbox ID seen (leak checks after their pods are gone).
     seen: Vec<String>,
+    /// Every pod netns path seen.
+    seen_netns: Vec<String>,
 }
 
 impl<'a> Tier<'a> {
@@ -190,6 +199,7 @@ impl<'a> Tier<'a> {
             bridges,
             pods: Vec::new(),
             seen: Vec::new(),
+            seen_netns: Vec::new(),
         })
     }
 
@@ -407,6 +417,7 @@ impl<'a> Tier<'a> {
             let uid = pod["metadata"]["uid"].as_str().context("uid")?;
             let (sandbox, netns) = self.node.pod_sandbox(uid)?;
             self.seen.push(sandbox.clone());
+            self.seen_netns.push(netns.clone());
             self.pods.push(Placed {
                 batch: batch.into(),
                 name: name.clone(),
@@ -492,6 +503,54 @@ impl<'a> Tier<'a> {
             Ok(self.leftovers().is_empty())
         });
         r.with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    /// A pod with a `hostPort`, bandwidth annotations and 1 NAD through the daemon: portmap's
+    /// DNAT and (calico's chain has `bandwidth`) an ifb while it runs, neither after delete.
+    fn host_port_and_bandwidth(&mut self) -> Result<()> {
+        let port = free_port()?;
+        let mut m = manifest(
+            NS,
+            "hostport",
+            self.node.name(),
+            "hostport",
+            Some(&json!("br-a")),
+        );
+        m["spec"]["containers"][0]["ports"] =
+            json!([{"containerPort": 8080, "hostPort": port, "protocol": "TCP"}]);
+        m["metadata"]["annotations"]["kubernetes.io/ingress-bandwidth"] = json!("10M");
+        m["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"] = json!("10M");
+        let ifb_before = ifb_links();
+        let served = self.metric("plexus_cni_requests_total", &["ADD", "ok"])?;
+        create_and_wait(&self.api, &[m], Duration::from_secs(60))
+            .with_context(|| self.node.logs(10))?;
+        self.place("hostport", &["hostport".to_string()])?;
+        let checked = (|| {
+            ensure!(
+                self.metric("plexus_cni_requests_total", &["ADD", "ok"])? > served,
+                "not served by the daemon"
+            );
+            let dnat = dnat_rules(port);
+            ensure!(!dnat.is_empty(), "no DNAT rule for hostPort {port}");
+            let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+            ensure!(
+                !self.overlay.has_bandwidth() || ifbs.iter().any(|i| i.starts_with("bwp")),
+                "no bandwidth ifb (have {ifbs:?})"
+            );
+            println!("    hostPort {port}: {}; ifb {ifbs:?}", dnat[0]);
+            Ok(())
+        })();
+        let deleted = self.delete_all();
+        checked?;
+        deleted?;
+        ensure!(
+            dnat_rules(port).is_empty(),
+            "DNAT rule left: {:?}",
+            dnat_rules(port)
+        );
+        let left: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+        ensure!(left.is_empty(), "ifb left: {left:?}");
+        Ok(())
     }
 
     /// The daemon DaemonSet's pod, as the DaemonSet controller would create it on this node:
@@ -718,9 +777,11 @@ impl<'a> Tier<'a> {
                 .into_iter()
                 .map(|f| format!("lease: {f}")),
         );
+        // This tier's pods' namespaces only (another kubelet may run on the machine).
         v.extend(
-            cni_netns()
-                .difference(self.node.netns_before())
+            self.seen_netns
+                .iter()
+                .filter(|n| Path::new(n).exists())
                 .map(|n| format!("netns: {n}")),
         );
         for br in self.overlay.bridge().iter().chain(&self.bridges) {

@@ -180,7 +180,11 @@ pub fn plexus_image(
         std::fs::read(install_sh)?,
     ));
     // As in debian:12-slim: CNI_NETNS paths are /var/run/netns/… .
-    files.push(ImageFile::new("/var/run", SYMLINK | 0o777, b"/run".to_vec()));
+    files.push(ImageFile::new(
+        "/var/run",
+        SYMLINK | 0o777,
+        b"/run".to_vec(),
+    ));
     for (name, built) in bins {
         let out = work.join(name);
         let ok = Command::new("strip")

@@ -387,10 +387,16 @@ nodeStatusUpdateFrequency: 2s
         {
             k.stop(Duration::from_secs(10));
         }
+        // Only this node's pod namespaces are removed below: other tiers (or helpers) may run
+        // kubelets of their own meanwhile, whose `cni-*` namespaces are none of ours.
+        let mut own_netns = Vec::new();
         if self.ctr(&["version"]).is_ok() {
             match self.cri.sandboxes(None) {
                 Ok(sbs) => {
                     for sb in sbs {
+                        if let Ok(ns) = self.cri.sandbox_netns(&sb.id) {
+                            own_netns.push(ns);
+                        }
                         if let Err(e) = self.cri.stop_and_remove(&sb.id) {
                             eprintln!("realk8s node: remove sandbox {}: {e:#}", sb.id);
                         }
@@ -409,8 +415,10 @@ nodeStatusUpdateFrequency: 2s
         }
         self.kill_shims();
         unmount_under(self.dir.path());
-        for ns in cni_netns().difference(&self.netns_before) {
-            let p = format!("/run/netns/{ns}");
+        for p in own_netns
+            .iter()
+            .filter(|p| !p.is_empty() && Path::new(p).exists())
+        {
             let _ = nix::mount::umount2(p.as_str(), nix::mount::MntFlags::MNT_DETACH);
             if let Err(e) = std::fs::remove_file(&p) {
                 eprintln!("realk8s node: remove {p}: {e}");
