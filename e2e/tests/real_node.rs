@@ -897,14 +897,19 @@ impl<'a> Tier<'a> {
         let del_needs_api = self.overlay.kind() == Kind::Calico;
         let res = (|| {
             if del_needs_api {
-                std::thread::sleep(Duration::from_secs(GRACE + 4));
-                ensure!(
-                    netns.iter().all(|n| Path::new(n).exists()),
-                    "torn down with calico's DEL unable to reach the API"
+                let gone = wait_for(
+                    "teardown with the apiserver stopped",
+                    Duration::from_secs(25),
+                    || Ok(netns.iter().all(|n| !Path::new(n).exists())),
                 );
                 println!(
-                    "    {:.1} s after the apiserver stopped: calico's DEL still failing, pods not torn down (retried)",
-                    stopped.elapsed().as_secs_f64()
+                    "    {:.1} s after the apiserver stopped: pods {}",
+                    stopped.elapsed().as_secs_f64(),
+                    if gone.is_ok() {
+                        "netns gone"
+                    } else {
+                        "netns still there (calico's DEL failing, retried)"
+                    }
                 );
                 return Ok(());
             }
