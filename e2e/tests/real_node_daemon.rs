@@ -791,8 +791,7 @@ impl<'a> Tier<'a> {
                 v.push(format!("veth on {br}: {}", l["ifname"]));
             }
         }
-        let seen: Vec<String> = self.seen.iter().cloned().collect();
-        v.extend(self.overlay.leftovers(self.cp, &self.node, &seen));
+        v.extend(self.overlay.leftovers(self.cp, &self.node, &self.seen));
         if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();

@@ -420,7 +420,7 @@ nodeStatusUpdateFrequency: 2s
             .filter(|p| !p.is_empty() && Path::new(p).exists())
         {
             let _ = nix::mount::umount2(p.as_str(), nix::mount::MntFlags::MNT_DETACH);
-            if let Err(e) = std::fs::remove_file(&p) {
+            if let Err(e) = std::fs::remove_file(p) {
                 eprintln!("realk8s node: remove {p}: {e}");
             }
         }

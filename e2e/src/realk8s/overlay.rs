@@ -226,19 +226,20 @@ impl Overlay {
         let subnet = format!("10.{}.0.0/24", self.octet);
         let patch = json!({"spec":{"podCIDR":subnet,"podCIDRs":[subnet]}}).to_string();
         cp.kubectl(&["patch", "node", name, "--type", "merge", "-p", &patch])?;
-        cp.apply(&format!(
-            r#"{{"apiVersion":"v1","kind":"List","items":[
-  {{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"kube-flannel"}}}},
-  {{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"flannel","namespace":"kube-flannel"}}}},
-  {{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{{"name":"flannel"}},
-    "rules":[{{"apiGroups":[""],"resources":["pods"],"verbs":["get"]}},
-             {{"apiGroups":[""],"resources":["nodes"],"verbs":["get","list","watch"]}},
-             {{"apiGroups":[""],"resources":["nodes/status"],"verbs":["patch"]}}]}},
-  {{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{{"name":"flannel"}},
-    "roleRef":{{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"flannel"}},
-    "subjects":[{{"kind":"ServiceAccount","name":"flannel","namespace":"kube-flannel"}}]}}
-]}}"#
-        ))?;
+        let rbac = json!({"apiVersion":"v1","kind":"List","items":[
+            {"apiVersion":"v1","kind":"Namespace","metadata":{"name":"kube-flannel"}},
+            {"apiVersion":"v1","kind":"ServiceAccount",
+             "metadata":{"name":"flannel","namespace":"kube-flannel"}},
+            {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole",
+             "metadata":{"name":"flannel"},
+             "rules":[{"apiGroups":[""],"resources":["pods"],"verbs":["get"]},
+                      {"apiGroups":[""],"resources":["nodes"],"verbs":["get","list","watch"]},
+                      {"apiGroups":[""],"resources":["nodes/status"],"verbs":["patch"]}]},
+            {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding",
+             "metadata":{"name":"flannel"},
+             "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"flannel"},
+             "subjects":[{"kind":"ServiceAccount","name":"flannel","namespace":"kube-flannel"}]}]});
+        cp.apply(&rbac.to_string())?;
         let dir = node.path("flannel");
         std::fs::create_dir_all(&dir)?;
         let kubeconfig = dir.join("flanneld.kubeconfig");
