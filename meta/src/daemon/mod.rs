@@ -386,5 +386,8 @@ mod tests {
         assert_eq!(o.file, Some(PathBuf::from("/l/d.log")));
         assert_eq!((o.level.as_str(), o.to_stderr), ("debug", true));
         assert_eq!(log_options(&DaemonConfig::default()).file, None);
+        let c = DaemonConfig::from_args(&args(&["--host-root", "/hostroot"])).unwrap();
+        assert_eq!(c.host_root, "/hostroot");
+        assert_eq!(DaemonConfig::default().host_root, "");
     }
 }
