@@ -6,13 +6,15 @@
 //! deploy/rbac-daemon.yaml), and plexus installed by `deploy/install.sh` with the command and
 //! environment of the install container of deploy/plexus-daemon-daemonset.yaml.
 //!
-//! Cases, in order (compact: the ones marked *): * pods with 0 and 2 extra networks Running with
-//! plexus' network-status, served by the daemon (its metrics count the ADDs); a burst of 20; the
-//! daemon stopped (SIGTERM): a pod created then runs through the shim's thin fallback; the
-//! daemon started again: pods created after the restart run through the new daemon; * all pods
-//! deleted (the ones from before the restart are DELed by the new daemon from their saved
-//! plans): nothing left on the node (netns, veth, leases, plans, results, calico ipamhandles and
-//! routes, flannel state, iptables rules); * the daemon **as the DaemonSet's pod** from deploy/
+//! Cases, in order (compact: the ones marked *): * pods with 0, 1 (JSON form) and 3 (comma
+//! form) extra networks Running with plexus' network-status, served by the daemon (its metrics
+//! count the ADDs); a burst of 20; the daemon stopped (SIGTERM): a pod created then runs
+//! through the shim's thin fallback; the daemon started again: pods created after the restart
+//! run through the new daemon; * all pods deleted (the ones from before the restart are DELed by
+//! the new daemon from their saved plans): nothing left on the node (netns, veth, leases, plans,
+//! results, calico ipamhandles and routes, flannel state, iptables rules); a hostPort +
+//! bandwidth pod (DNAT and ifb while it runs, gone after); pods deleted while the apiserver is
+//! stopped (nothing left once it is back); * the daemon **as the DaemonSet's pod** from deploy/
 //! (its containers, mounts, `--host-root /hostroot`, its projected token; host paths mapped to
 //! the node's directories): pods get the overlay through it (calico's nodename file and
 //! flannel's subnet.env are in none of its mounts: only the host root makes them visible), and
@@ -97,7 +99,7 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
     }
     suite.case(
         &name("pods_running_with_network_status_served_by_the_daemon"),
-        || tier.batch("before", 2, 2),
+        || tier.batch("before", 3, 3),
     );
     if full {
         suite.case(&name("burst_of_20_pods_served_by_the_daemon"), || {
@@ -122,6 +124,10 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
         suite.case(
             &name("host_port_and_bandwidth_through_the_daemon_gone_after"),
             || tier.host_port_and_bandwidth(),
+        );
+        suite.case(
+            &name("pods_deleted_while_the_apiserver_is_stopped_nothing_left_after"),
+            || tier.deleted_while_apiserver_down(),
         );
     }
     suite.case(
@@ -171,6 +177,7 @@ impl<'a> Tier<'a> {
         let bridges = vec![
             link(&format!("{}a", &k[..1])),
             link(&format!("{}b", &k[..1])),
+            link(&format!("{}c", &k[..1])),
         ];
         for ns in [NS, "default"] {
             cp.create_namespace(ns)?;
@@ -399,7 +406,7 @@ impl<'a> Tier<'a> {
         ensure!(plugin["kubeconfig"].is_string(), "{conf}");
 
         let ipam = |subnet: &str| json!({"type":"host-local","dataDir":self.node.ipam_dir(),"ranges":[[{"subnet":subnet}]]});
-        for (i, name) in ["br-a", "br-b"].into_iter().enumerate() {
+        for (i, name) in ["br-a", "br-b", "br-c"].into_iter().enumerate() {
             let cfg = json!({"cniVersion":"1.0.0","name":name,"type":"bridge",
                 "bridge":self.bridges[i],"ipam":ipam(&format!("10.246.{}.0/24", i + 1))});
             let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
@@ -427,8 +434,8 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
-    /// `n` pods with br-a and br-b (`daemon_adds`: how many ADDs the daemon must have served
-    /// for them; 0 when it is stopped).
+    /// `n` pods, in turn with 3 extra networks (comma form), none, and 1 (JSON form)
+    /// (`daemon_adds`: how many ADDs the daemon must have served for them; 0 when it is stopped).
     fn batch(&mut self, batch: &str, n: usize, daemon_adds: usize) -> Result<()> {
         let before = if self.daemon.is_some() {
             self.metric("plexus_cni_requests_total", &["ADD", "ok"])?
@@ -436,19 +443,15 @@ impl<'a> Tier<'a> {
             0.0
         };
         let names: Vec<String> = (0..n).map(|i| format!("{batch}-{i}")).collect();
-        let nets = json!("br-a, br-b@data1");
+        let forms = [
+            Some(json!("br-a, br-b@data1, app/br-c")),
+            None,
+            Some(json!([{"name": "br-a"}])),
+        ];
         let manifests: Vec<Value> = names
             .iter()
             .enumerate()
-            .map(|(i, name)| {
-                manifest(
-                    NS,
-                    name,
-                    self.node.name(),
-                    batch,
-                    (i % 2 == 0).then_some(&nets),
-                )
-            })
+            .map(|(i, name)| manifest(NS, name, self.node.name(), batch, forms[i % 3].as_ref()))
             .collect();
         let t = create_and_wait(&self.api, &manifests, Duration::from_secs(60))
             .with_context(|| self.node.logs(10))?;
@@ -457,12 +460,23 @@ impl<'a> Tier<'a> {
         for (i, name) in names.iter().enumerate() {
             let pod = self.api.get_pod(NS, name)?.context("pod")?;
             let st = network_status(&pod)?;
-            let want = if i % 2 == 0 { 3 } else { 1 };
+            let want = [4, 1, 2][i % 3];
             ensure!(st.len() == want, "{name}: network-status {st:?}");
-            ensure!(st[0]["default"] == true, "{name}: {st:?}");
-            if want == 3 {
+            ensure!(
+                st[0]["default"] == true && st[0]["name"] == self.overlay.network_name(),
+                "{name}: {st:?}"
+            );
+            if want >= 2 {
                 ensure!(
-                    st[1]["name"] == "app/br-a" && st[2]["interface"] == "data1",
+                    st[1]["name"] == "app/br-a" && st[1]["interface"] == "net1",
+                    "{name}: {st:?}"
+                );
+            }
+            if want == 4 {
+                ensure!(
+                    st[2]["interface"] == "data1"
+                        && st[3]["name"] == "app/br-c"
+                        && st[3]["interface"] == "net3",
                     "{name}: {st:?}"
                 );
             }
@@ -474,7 +488,7 @@ impl<'a> Tier<'a> {
                 "the daemon served {served} ADDs for {n} new pods"
             );
         }
-        // With the daemon stopped, the 3 entries above can only come from the shim's thin fallback.
+        // With the daemon stopped, the 4 entries above can only come from the shim's thin fallback.
         Ok(())
     }
 
@@ -551,6 +565,77 @@ impl<'a> Tier<'a> {
         let left: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
         ensure!(left.is_empty(), "ifb left: {left:?}");
         Ok(())
+    }
+
+    /// Two pods (1 and 3 extra networks) deleted, their teardown (the daemon's DEL) coming while
+    /// the apiserver is stopped: calico's DEL fails until it is back (retried), then the pods
+    /// are gone and nothing is left.
+    fn deleted_while_apiserver_down(&mut self) -> Result<()> {
+        const GRACE: u64 = 14;
+        let names = ["apidown-1".to_string(), "apidown-3".to_string()];
+        let nets = [json!([{"name": "br-a"}]), json!("br-a, br-b, br-c")];
+        let manifests: Vec<Value> = names
+            .iter()
+            .zip(&nets)
+            .map(|(n, nets)| {
+                let mut m = manifest(NS, n, self.node.name(), "apidown", Some(nets));
+                m["spec"]["terminationGracePeriodSeconds"] = json!(GRACE);
+                m["spec"]["containers"][0]["command"] = json!(["/pause", "ignore-sigterm"]);
+                m
+            })
+            .collect();
+        create_and_wait(&self.api, &manifests, Duration::from_secs(60))?;
+        self.place("apidown", &names)?;
+        let netns: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.batch == "apidown")
+            .map(|p| p.netns.clone())
+            .collect();
+        for n in &names {
+            self.api.delete_pod(NS, n)?;
+        }
+        let kubelet_log = self.node.path("kubelet.log");
+        wait_for(
+            "the kubelet killing both pods",
+            Duration::from_secs(10),
+            || {
+                let log = std::fs::read_to_string(&kubelet_log)?;
+                Ok(names.iter().all(|n| {
+                    log.lines().any(|l| {
+                        l.contains("Killing container with a grace period")
+                            && l.contains(&format!("pod=\"{NS}/{n}\""))
+                    })
+                }))
+            },
+        )?;
+        self.cp.stop_apiserver();
+        let stopped = std::time::Instant::now();
+        ensure!(
+            netns.iter().all(|n| Path::new(n).exists()),
+            "torn down before the apiserver was stopped: nothing tested"
+        );
+        std::thread::sleep(Duration::from_secs(GRACE + 4));
+        let gone_while_down = netns.iter().all(|n| !Path::new(n).exists());
+        self.cp.start_apiserver()?;
+        println!(
+            "    {:.1} s after the apiserver stopped: netns {}",
+            stopped.elapsed().as_secs_f64(),
+            if gone_while_down {
+                "gone"
+            } else {
+                "still there (DEL retried)"
+            }
+        );
+        wait_for("the pods gone", Duration::from_secs(90), || {
+            Ok(self.api.list_pods(NS, "apidown")?.is_empty()
+                && netns.iter().all(|n| !Path::new(n).exists()))
+        })?;
+        self.pods.retain(|p| p.batch != "apidown");
+        let r = wait_for("nothing left on the node", Duration::from_secs(30), || {
+            Ok(self.leftovers().is_empty())
+        });
+        r.with_context(|| format!("left: {:?}", self.leftovers()))
     }
 
     /// The daemon DaemonSet's pod, as the DaemonSet controller would create it on this node:
@@ -644,7 +729,7 @@ impl<'a> Tier<'a> {
             "    the daemon DaemonSet's pod Ready {:.1} s after create",
             t0.elapsed().as_secs_f64()
         );
-        self.batch("dspod", 2, 2)?;
+        self.batch("dspod", 3, 3)?;
         self.delete_all()?;
         let logs = self.container_log("kube-system", name);
         ensure!(
