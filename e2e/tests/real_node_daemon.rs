@@ -37,8 +37,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::image;
-use plexus_e2e::realk8s::node::{wait_for, Node, SharedHostRoot};
+use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
+use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
 };

@@ -39,6 +39,7 @@ pub mod image;
 pub mod metrics;
 pub mod node;
 pub mod overlay;
+pub mod overlay_hostroot;
 pub mod pause;
 pub mod pki;
 mod proc;
