@@ -66,7 +66,7 @@ pub fn find_plugin(plugin_type: &str, dirs: &[PathBuf]) -> Result<PathBuf, CniEr
     let _phase = crate::timing::phase("plugin_lookup");
     for dir in dirs {
         let candidate = dir.join(plugin_type);
-        if let Ok(meta) = std::fs::metadata(&candidate) {
+        if let Ok(meta) = crate::hostroot::metadata(&candidate) {
             if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
                 return Ok(candidate);
             }
@@ -232,6 +232,7 @@ fn spawn(binary: &Path, verb: Verb, env: &CniEnv) -> std::io::Result<std::proces
         .stderr(Stdio::piped())
         .process_group(0);
     die_with_parent(&mut cmd);
+    crate::hostroot::prepare(&mut cmd);
     // A freshly installed binary can briefly be "text file busy" (libcni retries too).
     let mut attempt = 0;
     loop {

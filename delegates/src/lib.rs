@@ -5,6 +5,7 @@ pub mod cache;
 pub mod chain;
 pub mod exec;
 pub mod fsutil;
+pub mod hostroot;
 pub mod ipam;
 pub mod lock;
 pub mod logging;

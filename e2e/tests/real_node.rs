@@ -1,16 +1,26 @@
 //! Node tier: a real kubelet v1.36 and containerd 1.6 (`plexus_e2e::realk8s::node`) registered
-//! with a real kube-apiserver, the CNI config and plugins in directories of the node's own, and
-//! plexus installed the way the DaemonSet does it: every manifest in `deploy/` applied for real,
-//! then `deploy/install.sh` run with the DaemonSet's command and environment (token from the
-//! TokenRequest API for `kube-system/plexus`, generated config from a flannel-shaped primary
-//! conflist = bridge + host-local + portmap). Real pods then get 0, 1 and 3 extra networks in
-//! both annotation forms; a missing NAD; a burst of 20; deletes while the apiserver is down; and
-//! create→Running / delete→gone timings with and without plexus. After every delete: no netns,
-//! veth, lease, plan or result-cache file is left.
+//! with a real kube-apiserver, the CNI config and plugins in directories of the node's own, the
+//! cluster network a real overlay laid out as its installer does (`plexus_e2e::realk8s::overlay`:
+//! flanneld + flannel's `10-flannel.conflist`, then calico + calico-ipam's `10-calico.conflist`
+//! with its kubeconfig), and plexus installed the way the DaemonSet does it: every manifest in
+//! `deploy/` applied for real, then `deploy/install.sh` run with the DaemonSet's command and
+//! environment (token from the TokenRequest API for `kube-system/plexus`; the config generated
+//! from the overlay's conflist).
+//!
+//! **flannel** gets the full case list, **calico** the compact one (real_node_daemon swaps them;
+//! the CI budget): both get pods with 0, 1 and 3 extra networks in both annotation forms, a
+//! hostPort + bandwidth pod (portmap's DNAT, bandwidth's ifb while it runs, gone after), a burst
+//! of 20, deletes while the apiserver is down, version mixes (plexus at CNI 1.1.0: STATUS, GC)
+//! and the timing table (create→Running / delete→gone, overlay alone vs plexus vs plexus + 1
+//! NAD); flannel also a missing NAD, the installer's SIGTERM, the DaemonSet's own pod and a
+//! Multus-style thin config. After every delete: no netns, veth, lease, plan or result-cache
+//! file, no calico ipamhandle or /32 route, no flannel per-container state, no iptables rule
+//! naming a deleted container.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
-//! One control plane and one node per run; cases run in order (`cargo test -p plexus-e2e --test
-//! real_node -- NAME` runs the cases whose name contains NAME, plus the setup).
+//! One control plane, one node per overlay; cases run in order (`cargo test -p plexus-e2e --test
+//! real_node -- NAME` runs the cases whose name contains NAME, plus the setup; `calico/…` starts
+//! only calico's node).
 
 #[path = "real_node/api.rs"]
 mod api;
@@ -24,8 +34,9 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use plexus_e2e::realk8s::image::{self, ImageFile};
-use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node, PRIMARY_CONF};
+use plexus_e2e::realk8s::image;
+use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node};
+use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::runtime_log;
 use plexus_e2e::realk8s::{
     control_plane_or_skip, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
@@ -37,61 +48,99 @@ use pods::*;
 
 /// Namespace of the test pods and most NADs.
 const NS: &str = "app";
-const NODE: &str = "plexus-node";
 
 fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let Some(mut tier) = setup_or_report("real_node", &cp, Tier::start(&cp, cp.bins())) else {
-        return ExitCode::FAILURE;
-    };
     let mut suite = Suite::new("real_node");
+    // The full case list on flannel, a compact one on calico (the daemon tier swaps them).
+    for (kind, octet, full) in [(Kind::Flannel, 244, true), (Kind::Calico, 240, false)] {
+        let k = kind.name();
+        // A filter naming the other overlay (`calico/…`): no node for this one.
+        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+        if filter.is_some_and(|f| f.contains('/') && !f.starts_with(&format!("{k}/"))) {
+            continue;
+        }
+        let started =
+            Overlay::new(kind, octet, &link(&k[..1])).and_then(|o| Tier::start(&cp, cp.bins(), o));
+        let Some(mut tier) = setup_or_report("real_node", &cp, started) else {
+            return ExitCode::FAILURE;
+        };
+        run_cases(&mut suite, &mut tier, full);
+        tier.overlay.stop();
+        tier.node.stop();
+        ensure_gone_after_stop(&tier);
+        drop(tier);
+    }
+    suite.finish()
+}
+
+/// The cases on one overlay, in order; `full`: all of them, else the compact list.
+fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
+    let k = tier.overlay.kind().name();
+    let name = |c: &str| format!("{k}/{c}");
     let mut baseline = None;
-    suite.case("timings_with_the_bridge_alone_as_primary", || {
+    suite.case(&name("timings_with_the_overlay_alone_as_primary"), || {
         baseline = Some(tier.timings("bare", None)?);
         Ok(())
     });
     let installed = tier.install();
     let install_ok = installed.is_ok();
+    if let Err(e) = &installed {
+        eprintln!("real_node: {k}: install failed: {e:#}");
+    }
     suite.case(
-        "deploy_manifests_applied_and_install_sh_run_with_the_daemonsets_environment",
+        &name("deploy_manifests_applied_and_install_sh_run_with_the_daemonsets_environment"),
         || installed,
     );
     if !install_ok {
-        drop(tier);
-        return suite.finish();
+        return;
     }
-    suite.case("pods_with_0_1_and_3_extra_networks_in_both_forms", || {
-        tier.extra_networks()
+    suite.case(
+        &name("pods_with_0_1_and_3_extra_networks_in_both_forms"),
+        || tier.extra_networks(),
+    );
+    suite.case(
+        &name("host_port_and_bandwidth_applied_while_running_gone_after"),
+        || tier.host_port_and_bandwidth(),
+    );
+    if full {
+        suite.case(
+            &name("missing_nad_gives_a_clear_event_and_leaks_nothing"),
+            || tier.missing_nad(),
+        );
+    }
+    suite.case(&name("burst_of_20_pods_created_and_deleted"), || {
+        tier.burst(20)
     });
-    suite.case("missing_nad_gives_a_clear_event_and_leaks_nothing", || {
-        tier.missing_nad()
-    });
-    suite.case("burst_of_20_pods_created_and_deleted", || tier.burst(20));
-    suite.case("pods_deleted_while_the_apiserver_is_stopped", || {
+    suite.case(&name("pods_deleted_while_the_apiserver_is_stopped"), || {
         tier.deleted_while_apiserver_down()
     });
-    suite.case("timings_with_plexus", || {
+    suite.case(
+        &name("cni_1_1_0_status_and_gc_reach_the_overlay_or_fail_clearly"),
+        || tier.version_mixes(),
+    );
+    suite.case(&name("timings_with_plexus"), || {
         let none = tier.timings("plexus", None)?;
         let one = tier.timings("plexus-1nad", Some(json!("br-a")))?;
-        print_timings(baseline.as_ref(), &none, &one);
+        print_timings(k, baseline.as_ref(), &none, &one);
         Ok(())
     });
-    suite.case("installer_exits_on_sigterm_and_leaves_its_config", || {
-        tier.stop_installer()
-    });
+    if !full {
+        return;
+    }
     suite.case(
-        "daemonset_pod_from_deploy_runs_the_installer_on_the_node",
+        &name("installer_exits_on_sigterm_and_leaves_its_config"),
+        || tier.stop_installer(),
+    );
+    suite.case(
+        &name("daemonset_pod_from_deploy_runs_the_installer_on_the_node"),
         || tier.daemonset_pod(),
     );
-    suite.case("multus_thin_config_with_a_nameless_delegate", || {
+    suite.case(&name("multus_thin_config_with_a_nameless_delegate"), || {
         tier.multus_thin_config()
     });
-    tier.node.stop();
-    ensure_gone_after_stop(&tier);
-    drop(tier);
-    suite.finish()
 }
 
 /// Everything the cases share.
@@ -100,12 +149,17 @@ struct Tier<'a> {
     node: Node<'a>,
     api: Api,
     installer: Option<Proc>,
-    /// The primary's bridge, the NADs' bridges, the macvlan master.
-    primary_bridge: String,
+    /// The cluster network.
+    overlay: Overlay,
+    /// Its network name (the default network's network-status name).
+    net: &'static str,
+    /// The NADs' bridges (and the multus case's), the macvlan master.
     bridges: Vec<String>,
     master: String,
     /// Every sandbox ID seen (for the libcni cache check).
     sandboxes: std::cell::RefCell<Vec<String>>,
+    /// Every pod netns path seen.
+    netns_seen: std::cell::RefCell<Vec<String>>,
 }
 
 fn repo(p: &str) -> PathBuf {
@@ -118,24 +172,27 @@ fn link(suffix: &str) -> String {
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane, bins: &K8sBins) -> Result<Tier<'a>> {
-        let primary_bridge = link("c");
-        let bridges = vec![link("a"), link("b")];
-        let master = link("m");
-        let bridge = primary_bridge.clone();
-        let primary = move |ipam: &Path| {
-            json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[
-                {"type":"bridge","bridge":bridge,"isGateway":true,"isDefaultGateway":true,
-                 "ipMasq":false,"hairpinMode":true,
-                 "ipam":{"type":"host-local","dataDir":ipam,"ranges":[[{"subnet":"10.248.0.0/24"}]]}},
-                {"type":"portmap","capabilities":{"portMappings":true}}]})
-        };
+    fn start(cp: &'a ControlPlane, bins: &K8sBins, mut overlay: Overlay) -> Result<Tier<'a>> {
+        let k = overlay.kind().name();
+        let bridges = vec![
+            link(&format!("{}a", &k[..1])),
+            link(&format!("{}b", &k[..1])),
+            link(&format!("{}u", &k[..1])),
+        ];
+        let master = link(&format!("{}m", &k[..1]));
         // No controller-manager: the namespaces' default ServiceAccount and CA ConfigMap.
         for ns in [NS, "default"] {
             cp.create_namespace(ns)?;
         }
-        let node = Node::start(cp, bins, NODE, &primary)?;
-        for l in [&primary_bridge, &master].into_iter().chain(bridges.iter()) {
+        let node = Node::start(
+            cp,
+            bins,
+            &format!("plexus-node-{k}"),
+            overlay.conf_name(),
+            &|dir: &Path| overlay.conflist(dir),
+        )?;
+        overlay.start(cp, &node)?;
+        for l in std::iter::once(&master).chain(bridges.iter()) {
             node.own_link(l);
         }
         node.own_link(&format!("{master}p"));
@@ -157,10 +214,12 @@ impl<'a> Tier<'a> {
             node,
             api,
             installer: None,
-            primary_bridge,
+            net: overlay.network_name(),
+            overlay,
             bridges,
             master,
             sandboxes: Default::default(),
+            netns_seen: Default::default(),
         })
     }
 
@@ -265,7 +324,7 @@ impl<'a> Tier<'a> {
             ),
             (
                 "PLEXUS_EXTRA_CONFIG".into(),
-                json!({"cniDir": self.node.plexus_dir()}).to_string(),
+                self.extra_config().to_string(),
             ),
         ]);
         let mut args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -275,10 +334,12 @@ impl<'a> Tier<'a> {
         let log = self.node.path("installer.log");
         let proc = Proc::spawn("install.sh", Path::new("env"), &args, &log)?;
         self.installer = Some(proc);
-        let final_conf = self.node.conf_dir().join("00-plexus.conflist");
-        wait_for("00-plexus.conflist", Duration::from_secs(60), || {
-            Ok(final_conf.exists())
-        })
+        let final_conf = self.plexus_conf();
+        wait_for(
+            &final_conf.display().to_string(),
+            Duration::from_secs(60),
+            || Ok(final_conf.exists()),
+        )
         .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
         let ready = self.node.path("install-state/ready");
         wait_for(
@@ -287,10 +348,18 @@ impl<'a> Tier<'a> {
             || Ok(ready.exists()),
         )?;
         let conf: Value = serde_json::from_slice(&std::fs::read(&final_conf)?)?;
-        let plugin = &conf["plugins"][0];
+        let plugin = if conf["plugins"].is_array() {
+            &conf["plugins"][0]
+        } else {
+            &conf
+        };
         ensure!(plugin["type"] == "plexus", "{conf}");
         ensure!(
-            plugin["clusterNetwork"] == json!(self.node.conf_dir().join(PRIMARY_CONF)),
+            plugin["clusterNetwork"] == json!(self.node.conf_dir().join(self.overlay.conf_name())),
+            "{conf}"
+        );
+        ensure!(
+            !self.overlay.has_bandwidth() || plugin["capabilities"]["bandwidth"] == true,
             "{conf}"
         );
         ensure!(
@@ -299,7 +368,7 @@ impl<'a> Tier<'a> {
             "{conf}"
         );
         ensure!(self.node.bin_dir().join("plexus").is_file());
-        wait_until_plexus_is_in_the_path(&self.api, NS, NODE)?;
+        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
         let (sb, netns) = self.pod_netns(NS, "probe")?;
         self.sandboxes.borrow_mut().push(sb);
         delete_and_wait(
@@ -346,7 +415,7 @@ impl<'a> Tier<'a> {
             log.contains("the config stays in place"),
             "installer did not log its SIGTERM exit:\n{log}"
         );
-        ensure!(self.node.conf_dir().join("00-plexus.conflist").exists());
+        ensure!(self.plexus_conf().exists());
         ensure!(self
             .node
             .path("cni/net.d/plexus.d/plexus.kubeconfig")
@@ -356,11 +425,35 @@ impl<'a> Tier<'a> {
 
     // ---------------------------------------------------------------------------- helpers
 
+    /// `PLEXUS_EXTRA_CONFIG`: the node's plans dir; with calico also `retryDeleteOnError`
+    /// (docs/quickstart.md): calico-ipam's DEL needs the API, and without it plexus gives up
+    /// after three failed DELs, which an apiserver outage of ~15 s reaches (its IPs leak).
+    fn extra_config(&self) -> Value {
+        let mut v = json!({"cniDir": self.node.plexus_dir()});
+        if self.overlay.kind() == Kind::Calico {
+            v["retryDeleteOnError"] = json!(true);
+        }
+        v
+    }
+
+    /// install.sh's config: `.conflist` for a 1.x primary, `.conf` for a 0.x one (flannel's
+    /// and calico's installers write cniVersion 0.3.1).
+    fn plexus_conf(&self) -> PathBuf {
+        let list = self.node.conf_dir().join("00-plexus.conflist");
+        if self.overlay.kind() == Kind::Bridge {
+            list
+        } else {
+            self.node.conf_dir().join("00-plexus.conf")
+        }
+    }
+
     /// (sandbox ID, netns path) of a running pod.
     fn pod_netns(&self, ns: &str, name: &str) -> Result<(String, String)> {
         let pod = self.api.get_pod(ns, name)?.context("pod gone")?;
         let uid = pod["metadata"]["uid"].as_str().context("uid")?;
-        self.node.pod_sandbox(uid)
+        let (sb, netns) = self.node.pod_sandbox(uid)?;
+        self.netns_seen.borrow_mut().push(netns.clone());
+        Ok((sb, netns))
     }
 
     /// What the node still holds that belongs to deleted pods: plexus plans and result-cache
@@ -376,18 +469,25 @@ impl<'a> Tier<'a> {
                 .into_iter()
                 .map(|f| format!("lease: {f}")),
         );
+        // This tier's pods' namespaces only (another kubelet may run on the machine).
         v.extend(
-            cni_netns()
-                .difference(self.node.netns_before())
+            self.netns_seen
+                .borrow()
+                .iter()
+                .filter(|n| Path::new(n).exists())
                 .map(|n| format!("netns: {n}")),
         );
-        for br in std::iter::once(&self.primary_bridge).chain(self.bridges.iter()) {
+        for br in self.overlay.bridge().iter().chain(self.bridges.iter()) {
             let out = common::ip(&["-j", "link", "show", "master", br]);
             let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
             for l in links.as_array().into_iter().flatten() {
                 v.push(format!("veth on {br}: {}", l["ifname"]));
             }
         }
+        v.extend(
+            self.overlay
+                .leftovers(self.cp, &self.node, &self.sandboxes.borrow()),
+        );
         if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
@@ -421,7 +521,7 @@ impl<'a> Tier<'a> {
     ) -> Result<(Vec<f64>, Vec<f64>)> {
         let manifests: Vec<Value> = pods
             .iter()
-            .map(|(name, nets)| manifest(NS, name, NODE, batch, nets.as_ref()))
+            .map(|(name, nets)| manifest(NS, name, self.node.name(), batch, nets.as_ref()))
             .collect();
         let created = create_and_wait(&self.api, &manifests, Duration::from_secs(60))
             .with_context(|| self.node.logs(10))?;
@@ -477,18 +577,19 @@ impl<'a> Tier<'a> {
             ("three-comma".to_string(), Some(three_comma)),
             ("three-json".to_string(), Some(three_json)),
         ];
+        let net = self.net;
         self.run_pods("extra", &pods, |name, status, netns| {
-            let expected: &[(&str, &str)] = match name {
-                "zero" => &[("cbr0", "eth0")],
-                "one-comma" | "one-json" => &[("cbr0", "eth0"), ("app/br-a", "net1")],
-                _ => &[
-                    ("cbr0", "eth0"),
+            let expected: Vec<(&str, &str)> = match name {
+                "zero" => vec![(net, "eth0")],
+                "one-comma" | "one-json" => vec![(net, "eth0"), ("app/br-a", "net1")],
+                _ => vec![
+                    (net, "eth0"),
                     ("app/br-a", "net1"),
                     ("app/br-b", "data0"),
                     ("default/mv-c", "net3"),
                 ],
             };
-            check_pod_network(status, netns, expected)
+            check_pod_network(status, netns, &expected)
         })?;
         // Events plexus posted were accepted by the real apiserver and are on the pods.
         for name in ["zero", "three-json"] {
@@ -503,8 +604,152 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
+    /// A pod with a `hostPort` and bandwidth annotations (and 1 NAD): portmap's DNAT for the
+    /// port and (when the overlay's conflist chains `bandwidth`) an ifb with shaping while it
+    /// runs; neither after delete.
+    fn host_port_and_bandwidth(&mut self) -> Result<()> {
+        let port = plexus_e2e::realk8s::free_port()?;
+        let mut m = manifest(
+            NS,
+            "hostport",
+            self.node.name(),
+            "hostport",
+            Some(&json!("br-a")),
+        );
+        m["spec"]["containers"][0]["ports"] =
+            json!([{"containerPort": 8080, "hostPort": port, "protocol": "TCP"}]);
+        m["metadata"]["annotations"]["kubernetes.io/ingress-bandwidth"] = json!("10M");
+        m["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"] = json!("10M");
+        let ifb_before = ifb_links();
+        create_and_wait(&self.api, &[m], Duration::from_secs(60))
+            .with_context(|| self.node.logs(10))?;
+        let (sb, netns) = self.pod_netns(NS, "hostport")?;
+        self.sandboxes.borrow_mut().push(sb);
+        let checked = (|| {
+            let pod = self.api.get_pod(NS, "hostport")?.context("pod")?;
+            check_pod_network(
+                &network_status(&pod)?,
+                &netns,
+                &[(self.net, "eth0"), ("app/br-a", "net1")],
+            )?;
+            let dnat = dnat_rules(port);
+            ensure!(!dnat.is_empty(), "no DNAT rule for hostPort {port}");
+            println!("    hostPort {port}: {}", dnat[0]);
+            let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+            if self.overlay.has_bandwidth() {
+                ensure!(
+                    ifbs.iter().any(|i| i.starts_with("bwp")),
+                    "no bandwidth ifb (have {ifbs:?})"
+                );
+                println!("    bandwidth: ifb {ifbs:?}");
+            } else {
+                ensure!(
+                    ifbs.is_empty(),
+                    "an ifb without bandwidth in the conflist: {ifbs:?}"
+                );
+            }
+            Ok(())
+        })();
+        delete_and_wait(
+            &self.api,
+            NS,
+            "hostport",
+            &["hostport".to_string()],
+            &[netns],
+            Duration::from_secs(60),
+        )?;
+        checked?;
+        self.wait_clean()?;
+        ensure!(
+            dnat_rules(port).is_empty(),
+            "DNAT rule left: {:?}",
+            dnat_rules(port)
+        );
+        let left: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+        ensure!(left.is_empty(), "ifb left: {left:?}");
+        Ok(())
+    }
+
+    /// Version mixes, with the installed plexus binary run as the runtime would: plexus' config
+    /// at cniVersion 1.1.0 (STATUS, GC) over the overlay's conflist as installed (0.3.1: STATUS
+    /// reports ready without a call, as libcni), and over the same conflist declared 1.1.0
+    /// (calico speaks ≤ 1.0.0, Debian's portmap and bandwidth ≤ 1.0.0): success or a CNI error
+    /// naming the network. GC with no valid attachment (no pod runs) succeeds and leaves nothing.
+    fn version_mixes(&mut self) -> Result<()> {
+        let conf: Value = serde_json::from_slice(&std::fs::read(self.plexus_conf())?)?;
+        let mut plexus = if conf["plugins"].is_array() {
+            let mut p = conf["plugins"][0].clone();
+            p["name"] = conf["name"].clone();
+            p
+        } else {
+            conf.clone()
+        };
+        plexus["cniVersion"] = json!("1.1.0");
+        let primary = self.node.conf_dir().join(self.overlay.conf_name());
+        let mut declared: Value = serde_json::from_slice(&std::fs::read(&primary)?)?;
+        declared["cniVersion"] = json!("1.1.0");
+        let declared_path = self.node.path("primary-1.1.0.conflist");
+        std::fs::write(&declared_path, declared.to_string())?;
+        let bin = self.node.bin_dir().join("plexus");
+        let run = |verb: &str, cfg: &Value| -> Result<(bool, String)> {
+            let mut child = Command::new(&bin)
+                .env("CNI_COMMAND", verb)
+                .env("CNI_PATH", self.node.bin_dir())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            std::io::Write::write_all(
+                child.stdin.as_mut().context("stdin")?,
+                cfg.to_string().as_bytes(),
+            )?;
+            let out = child.wait_with_output()?;
+            Ok((
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            ))
+        };
+        let (ok, out) = run("STATUS", &plexus)?;
+        ensure!(
+            ok,
+            "STATUS over the installed {}: {out}",
+            self.overlay.conf_name()
+        );
+        println!("    STATUS 1.1.0 over the installed 0.3.1 conflist: ok");
+        let mut over_declared = plexus.clone();
+        over_declared["clusterNetwork"] = json!(declared_path);
+        let (ok, out) = run("STATUS", &over_declared)?;
+        if ok {
+            println!("    STATUS 1.1.0 over the conflist declared 1.1.0: ok");
+        } else {
+            let e: Value = serde_json::from_str(&out)
+                .with_context(|| format!("STATUS failed without a CNI error: {out:?}"))?;
+            ensure!(
+                e["code"].is_u64() && e["msg"].as_str().is_some_and(|m| m.contains(self.net)),
+                "STATUS error does not name the network {}: {e}",
+                self.net
+            );
+            println!(
+                "    STATUS 1.1.0 over the conflist declared 1.1.0: {} {}: {}",
+                e["code"], e["msg"], e["details"]
+            );
+        }
+        let mut gc = plexus.clone();
+        gc["cni.dev/valid-attachments"] = json!([]);
+        let (ok, out) = run("GC", &gc)?;
+        ensure!(ok, "GC: {out}");
+        println!("    GC 1.1.0 (no valid attachment): ok");
+        self.wait_clean()
+    }
+
     fn missing_nad(&mut self) -> Result<()> {
-        let pod = manifest(NS, "nonad", NODE, "nonad", Some(&json!("app/nope")));
+        let pod = manifest(
+            NS,
+            "nonad",
+            self.node.name(),
+            "nonad",
+            Some(&json!("app/nope")),
+        );
         self.api.create_pod(&pod)?;
         // The kubelet retries the sandbox; plexus explains on the pod, and so does the kubelet.
         let mut evs = Vec::new();
@@ -564,8 +809,9 @@ impl<'a> Tier<'a> {
             .map(|i| (format!("burst-{i}"), Some(json!("br-a"))))
             .collect();
         let ips = std::cell::RefCell::new(BTreeSet::new());
+        let net = self.net;
         let (created, deleted) = self.run_pods("burst", &pods, |_, status, netns| {
-            check_pod_network(status, netns, &[("cbr0", "eth0"), ("app/br-a", "net1")])?;
+            check_pod_network(status, netns, &[(net, "eth0"), ("app/br-a", "net1")])?;
             for e in status {
                 let ip = e["ips"][0].as_str().unwrap_or("").to_string();
                 ensure!(ips.borrow_mut().insert(ip.clone()), "IP {ip} given twice");
@@ -593,7 +839,7 @@ impl<'a> Tier<'a> {
             ("down-1", json!("br-a")),
             ("down-3", json!("br-a,br-b,default/mv-c")),
         ] {
-            let mut m = manifest(NS, name, NODE, "down", Some(&nets));
+            let mut m = manifest(NS, name, self.node.name(), "down", Some(&nets));
             m["spec"]["terminationGracePeriodSeconds"] = json!(GRACE);
             m["spec"]["containers"][0]["command"] = json!(["/pause", "ignore-sigterm"]);
             manifests.push(m);
@@ -601,11 +847,11 @@ impl<'a> Tier<'a> {
         create_and_wait(&self.api, &manifests, Duration::from_secs(60))?;
         let mut netns = Vec::new();
         for (name, expected) in [
-            ("down-1", &[("cbr0", "eth0"), ("app/br-a", "net1")][..]),
+            ("down-1", &[(self.net, "eth0"), ("app/br-a", "net1")][..]),
             (
                 "down-3",
                 &[
-                    ("cbr0", "eth0"),
+                    (self.net, "eth0"),
                     ("app/br-a", "net1"),
                     ("app/br-b", "net2"),
                     ("default/mv-c", "net3"),
@@ -646,7 +892,27 @@ impl<'a> Tier<'a> {
             "torn down before the apiserver was stopped ({:.1} s to stop it): nothing tested",
             t0.elapsed().as_secs_f64()
         );
+        // calico-ipam releases addresses through the API: its DEL fails until the apiserver is
+        // back (retried: retryDeleteOnError), and the pods are torn down after that.
+        let del_needs_api = self.overlay.kind() == Kind::Calico;
         let res = (|| {
+            if del_needs_api {
+                let gone = wait_for(
+                    "teardown with the apiserver stopped",
+                    Duration::from_secs(25),
+                    || Ok(netns.iter().all(|n| !Path::new(n).exists())),
+                );
+                println!(
+                    "    {:.1} s after the apiserver stopped: pods {}",
+                    stopped.elapsed().as_secs_f64(),
+                    if gone.is_ok() {
+                        "netns gone"
+                    } else {
+                        "netns still there (calico's DEL failing, retried)"
+                    }
+                );
+                return Ok(());
+            }
             wait_for(
                 "the pods' netns gone with the apiserver stopped",
                 Duration::from_secs(30),
@@ -666,8 +932,9 @@ impl<'a> Tier<'a> {
         self.cp.start_apiserver()?;
         res?;
         let restarted = Instant::now();
-        wait_for("the pod objects gone", Duration::from_secs(60), || {
-            Ok(self.api.list_pods(NS, "down")?.is_empty())
+        wait_for("the pod objects gone", Duration::from_secs(90), || {
+            Ok(self.api.list_pods(NS, "down")?.is_empty()
+                && netns.iter().all(|n| !Path::new(n).exists()))
         })?;
         println!(
             "    pod objects gone {:.1} s after the apiserver was back",
@@ -684,56 +951,13 @@ impl<'a> Tier<'a> {
     /// kubeconfig with its own projected ServiceAccount token, pods get their networks with it,
     /// and on delete (SIGTERM) the config stays.
     fn daemonset_pod(&mut self) -> Result<()> {
-        let work = self.node.path("plexus-image");
-        std::fs::create_dir_all(&work)?;
-        let mut files = image::host_programs(&[
-            "sh",
-            "jq",
-            "cp",
-            "mv",
-            "cmp",
-            "dd",
-            "sha256sum",
-            "cut",
-            "base64",
-            "tr",
-            "mkdir",
-            "rm",
-            "grep",
-            "sleep",
-            "cat",
-            "date",
-            "chmod",
-        ])?;
-        files.push(ImageFile::new(
-            "/install.sh",
-            0o755,
-            std::fs::read(repo("deploy/install.sh"))?,
-        ));
-        for b in ["plexus", "sriov"] {
-            let out = work.join(b);
-            let ok = Command::new("strip")
-                .arg("-o")
-                .arg(&out)
-                .arg(common::bin(b))
-                .status()?
-                .success();
-            ensure!(ok, "strip {b}");
-            files.push(ImageFile::new(
-                &format!("/usr/src/plexus/bin/{b}"),
-                0o755,
-                std::fs::read(&out)?,
-            ));
-        }
-        let tar = work.join("plexus-image.tar");
-        std::fs::write(
-            &tar,
-            image::oci_archive(
-                "docker.io/library/plexus:latest",
-                &files,
-                &["/install.sh"],
-                &["PATH=/bin"],
-            )?,
+        let tar = image::plexus_image(
+            &self.node.path("plexus-image"),
+            &repo("deploy/install.sh"),
+            &[
+                ("plexus", common::bin("plexus")),
+                ("sriov", common::bin("sriov")),
+            ],
         )?;
         self.node.import_image(&tar)?;
 
@@ -756,7 +980,7 @@ impl<'a> Tier<'a> {
         ])?)?;
         let tpl = &ds["spec"]["template"];
         let mut spec = tpl["spec"].clone();
-        spec["nodeName"] = json!(NODE);
+        spec["nodeName"] = json!(self.node.name());
         for v in spec["volumes"].as_array_mut().context("volumes")? {
             let host = match v["hostPath"]["path"].as_str() {
                 Some("/opt/cni/bin") => self.node.bin_dir(),
@@ -780,10 +1004,7 @@ impl<'a> Tier<'a> {
                 "PLEXUS_LOG_FILE",
                 self.node.path("plexus.log").display().to_string(),
             ),
-            (
-                "PLEXUS_EXTRA_CONFIG",
-                json!({"cniDir": self.node.plexus_dir()}).to_string(),
-            ),
+            ("PLEXUS_EXTRA_CONFIG", self.extra_config().to_string()),
         ] {
             env.push(json!({"name": k, "value": v}));
         }
@@ -856,11 +1077,12 @@ impl<'a> Tier<'a> {
             "the pod's installer did not rewrite the kubeconfig with its own token:\n{logs}"
         );
         // plexus now runs with the pod's projected token.
+        let net = self.net;
         self.run_pods(
             "dspod",
             &[("ds-net".into(), Some(json!("br-a")))],
             |_, status, netns| {
-                check_pod_network(status, netns, &[("cbr0", "eth0"), ("app/br-a", "net1")])
+                check_pod_network(status, netns, &[(net, "eth0"), ("app/br-a", "net1")])
             },
         )?;
         // Delete it (a rollout): SIGTERM, exit 0, nothing removed. The kubelet removes the pod's
@@ -891,7 +1113,7 @@ impl<'a> Tier<'a> {
             last_log.contains("the config stays in place") && exit == 0,
             "no clean SIGTERM exit (exit code {exit}):\n{last_log}"
         );
-        ensure!(self.node.conf_dir().join("00-plexus.conflist").exists());
+        ensure!(self.plexus_conf().exists());
         Ok(())
     }
 
@@ -924,8 +1146,8 @@ impl<'a> Tier<'a> {
         let conf = json!({"cniVersion":"0.3.1","name":"multus-cni-network","type":"plexus",
             "kubeconfig": self.node.conf_dir().join("plexus.d/plexus.kubeconfig"),
             "cniDir": self.node.plexus_dir(), "logFile": log, "logLevel": "debug",
-            "delegates":[{"type":"bridge","bridge":self.primary_bridge,"isGateway":true,
-                "hairpinMode":true,"ipam":{"type":"host-local","subnet":"10.248.0.0/24",
+            "delegates":[{"type":"bridge","bridge":self.bridges[2],"isGateway":true,
+                "hairpinMode":true,"ipam":{"type":"host-local","subnet":"10.239.0.0/24",
                 "dataDir":self.node.ipam_dir()}}]});
         let path = self.node.conf_dir().join("00-multus.conf");
         // A new file written (not renamed) in: containerd sees the write and reloads.
@@ -1062,8 +1284,10 @@ struct Timings {
     seq_teardown: f64,
 }
 
-fn print_timings(bare: Option<&Timings>, none: &Timings, one: &Timings) {
-    println!("\n    create→Running / delete→gone, medians in ms (real kubelet + containerd):");
+fn print_timings(overlay: &str, bare: Option<&Timings>, none: &Timings, one: &Timings) {
+    println!(
+        "\n    {overlay}: create→Running / delete→gone, medians in ms (real kubelet + containerd):"
+    );
     println!("    | config | 10 one after another: create→Running | delete→gone | 10 at once: create→Running | delete→gone |");
     println!("    |---|---|---|---|---|");
     let row = |name: &str, t: &Timings| {
@@ -1073,7 +1297,7 @@ fn print_timings(bare: Option<&Timings>, none: &Timings, one: &Timings) {
         )
     };
     if let Some(b) = bare {
-        row("bridge alone (no plexus)", b);
+        row(&format!("{overlay} alone (no plexus)"), b);
     }
     row("plexus, no extra network", none);
     row("plexus + 1 bridge NAD", one);
@@ -1087,7 +1311,7 @@ fn print_timings(bare: Option<&Timings>, none: &Timings, one: &Timings) {
         )
     };
     if let Some(b) = bare {
-        row("bridge alone (no plexus)", b);
+        row(&format!("{overlay} alone (no plexus)"), b);
     }
     row("plexus, no extra network", none);
     row("plexus + 1 bridge NAD", one);

@@ -1,17 +1,26 @@
-//! Node tier, daemon mode: a real kubelet and containerd (`plexus_e2e::realk8s::node`) on a real
-//! kube-apiserver, `plexus daemon` running as a process of the node with a kubeconfig from a
-//! TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml + deploy/rbac-daemon.yaml), and
-//! plexus installed by `deploy/install.sh` with the command and environment of the install
-//! container of deploy/plexus-daemon-daemonset.yaml (its `PLEXUS_BINARIES` adds `plexus-shim`,
-//! its `PLEXUS_EXTRA_CONFIG` makes `plexus-shim` the config's type and puts `daemonSocket` in
-//! it, here pointed at the node's socket): containerd execs `plexus-shim`.
+//! Node tier, daemon mode, on real cluster networks: a real kubelet and containerd
+//! (`plexus_e2e::realk8s::node`) on a real kube-apiserver, the cluster network laid out by
+//! `plexus_e2e::realk8s::overlay` (**calico** with the full case list, then **flannel** with the
+//! compact one; real_node swaps them), `plexus daemon` first as a process of the node with a
+//! kubeconfig from a TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml +
+//! deploy/rbac-daemon.yaml), and plexus installed by `deploy/install.sh` with the command and
+//! environment of the install container of deploy/plexus-daemon-daemonset.yaml (its
+//! `PLEXUS_BINARIES` adds `plexus-shim`, its `PLEXUS_EXTRA_CONFIG` makes `plexus-shim` the
+//! config's type and puts `daemonSocket` in it): containerd execs `plexus-shim`.
 //!
-//! Cases, in order: pods with 0 and 2 extra networks Running with plexus' network-status, served
-//! by the daemon (its metrics count the ADDs); the daemon stopped (SIGTERM): a pod created then
-//! runs through the shim's thin fallback; the daemon started again: pods created after the
-//! restart run through the new daemon; all pods deleted (the ones from before the restart are
-//! DELed by the new daemon from their saved plans): nothing left on the node (netns, veth,
-//! leases, plans, results).
+//! Cases, in order (compact: the ones marked *): * pods with 0, 1 (JSON form) and 3 (comma
+//! form) extra networks Running with plexus' network-status, served by the daemon (its metrics
+//! count the ADDs); a burst of 20; the daemon stopped (SIGTERM): a pod created then runs
+//! through the shim's thin fallback; the daemon started again: pods created after the restart
+//! run through the new daemon; * all pods deleted (the ones from before the restart are DELed by
+//! the new daemon from their saved plans): nothing left on the node (netns, veth, leases, plans,
+//! results, calico ipamhandles and routes, flannel state, iptables rules); a hostPort +
+//! bandwidth pod (DNAT and ifb while it runs, gone after); pods deleted while the apiserver is
+//! stopped (nothing left once it is back); * the daemon **as the DaemonSet's pod** from deploy/
+//! (its containers, mounts, `--host-root /hostroot`, its projected token; host paths mapped to
+//! the node's directories): pods get the overlay through it (calico's nodename file and
+//! flannel's subnet.env are in none of its mounts: only the host root makes them visible), and
+//! nothing is left after delete.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
 
@@ -29,7 +38,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node};
+use plexus_e2e::realk8s::image;
+use plexus_e2e::realk8s::node::{wait_for, Node};
+use plexus_e2e::realk8s::overlay::{Kind, Overlay};
+use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
 };
@@ -37,52 +49,94 @@ use serde_json::{json, Value};
 
 use api::Api;
 use pods::{
-    create_and_wait, delete_and_wait, manifest, network_status, wait_until_plexus_is_in_the_path,
+    create_and_wait, delete_and_wait, dnat_rules, ifb_links, manifest, network_status,
+    wait_until_plexus_is_in_the_path,
 };
 
 const NS: &str = "app";
-const NODE: &str = "plexus-dnode";
 
 fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let Some(mut tier) = setup_or_report("real_node_daemon", &cp, Tier::start(&cp, cp.bins()))
-    else {
-        return ExitCode::FAILURE;
-    };
     let mut suite = Suite::new("real_node_daemon");
+    for (kind, octet, full) in [(Kind::Calico, 241, true), (Kind::Flannel, 245, false)] {
+        let k = kind.name();
+        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+        if filter.is_some_and(|f| f.contains('/') && !f.starts_with(&format!("{k}/"))) {
+            continue;
+        }
+        let started =
+            Overlay::new(kind, octet, &link(&k[..1])).and_then(|o| Tier::start(&cp, cp.bins(), o));
+        let Some(mut tier) = setup_or_report("real_node_daemon", &cp, started) else {
+            return ExitCode::FAILURE;
+        };
+        run_cases(&mut suite, &mut tier, full);
+        tier.daemon.take();
+        tier.installer.take();
+        tier.overlay.stop();
+        tier.node.stop();
+        // Never a recursive removal under /run: only the socket and the empty directory.
+        let _ = std::fs::remove_file(tier.socket());
+        let _ = std::fs::remove_dir(tier.run_dir());
+        drop(tier);
+    }
+    suite.finish()
+}
+
+/// The cases on one overlay, in order; `full`: all of them, else the compact list.
+fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
+    let k = tier.overlay.kind().name();
+    let name = |c: &str| format!("{k}/{c}");
     let installed = tier.install();
     let ok = installed.is_ok();
+    if let Err(e) = &installed {
+        eprintln!("real_node_daemon: {k}: install failed: {e:#}");
+    }
     suite.case(
-        "daemon_started_and_install_sh_run_with_the_daemon_daemonsets_environment",
+        &name("daemon_started_and_install_sh_run_with_the_daemon_daemonsets_environment"),
         || installed,
     );
-    if ok {
+    if !ok {
+        return;
+    }
+    suite.case(
+        &name("pods_running_with_network_status_served_by_the_daemon"),
+        || tier.batch("before", 3, 3),
+    );
+    if full {
+        suite.case(&name("burst_of_20_pods_served_by_the_daemon"), || {
+            tier.batch("burst", 20, 20)
+        });
         suite.case(
-            "pods_running_with_network_status_served_by_the_daemon",
-            || tier.batch("before", 2, 2),
-        );
-        suite.case(
-            "daemon_stopped_a_pod_runs_through_the_thin_fallback",
+            &name("daemon_stopped_a_pod_runs_through_the_thin_fallback"),
             || {
                 tier.stop_daemon()?;
                 tier.batch("down", 1, 0)
             },
         );
-        suite.case("daemon_restarted_pods_created_after_it_run", || {
+        suite.case(&name("daemon_restarted_pods_created_after_it_run"), || {
             tier.start_daemon()?;
             tier.batch("after", 2, 2)
         });
-        suite.case("every_pod_deleted_nothing_left_on_the_node", || {
-            tier.delete_all()
-        });
     }
-    tier.daemon.take();
-    tier.installer.take();
-    tier.node.stop();
-    drop(tier);
-    suite.finish()
+    suite.case(&name("every_pod_deleted_nothing_left_on_the_node"), || {
+        tier.delete_all()
+    });
+    if full {
+        suite.case(
+            &name("host_port_and_bandwidth_through_the_daemon_gone_after"),
+            || tier.host_port_and_bandwidth(),
+        );
+        suite.case(
+            &name("pods_deleted_while_the_apiserver_is_stopped_nothing_left_after"),
+            || tier.deleted_while_apiserver_down(),
+        );
+    }
+    suite.case(
+        &name("daemon_as_the_daemonsets_pod_runs_delegates_in_the_host_root"),
+        || tier.daemon_pod(),
+    );
 }
 
 fn repo(p: &str) -> PathBuf {
@@ -99,7 +153,6 @@ struct Placed {
     batch: String,
     name: String,
     netns: String,
-    sandbox: String,
 }
 
 struct Tier<'a> {
@@ -109,27 +162,37 @@ struct Tier<'a> {
     daemon: Option<Proc>,
     installer: Option<Proc>,
     metrics_port: u16,
+    /// The cluster network.
+    overlay: Overlay,
     /// The plexus binary, resolved once (a source edited mid-run must not fail a restart).
     plexus: PathBuf,
     bridges: Vec<String>,
     pods: Vec<Placed>,
+    /// Every sandbox ID seen (leak checks after their pods are gone).
+    seen: Vec<String>,
+    /// Every pod netns path seen.
+    seen_netns: Vec<String>,
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane, bins: &K8sBins) -> Result<Tier<'a>> {
-        let bridges = vec![link("c"), link("a"), link("b")];
-        let primary_bridge = bridges[0].clone();
-        let primary = move |ipam: &Path| {
-            json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[
-                {"type":"bridge","bridge":primary_bridge,"isGateway":true,"isDefaultGateway":true,
-                 "ipMasq":false,"hairpinMode":true,
-                 "ipam":{"type":"host-local","dataDir":ipam,"ranges":[[{"subnet":"10.247.0.0/24"}]]}},
-                {"type":"portmap","capabilities":{"portMappings":true}}]})
-        };
+    fn start(cp: &'a ControlPlane, bins: &K8sBins, mut overlay: Overlay) -> Result<Tier<'a>> {
+        let k = overlay.kind().name();
+        let bridges = vec![
+            link(&format!("{}a", &k[..1])),
+            link(&format!("{}b", &k[..1])),
+            link(&format!("{}c", &k[..1])),
+        ];
         for ns in [NS, "default"] {
             cp.create_namespace(ns)?;
         }
-        let node = Node::start(cp, bins, NODE, &primary)?;
+        let node = Node::start(
+            cp,
+            bins,
+            &format!("plexus-dnode-{k}"),
+            overlay.conf_name(),
+            &|dir: &Path| overlay.conflist(dir),
+        )?;
+        overlay.start(cp, &node)?;
         for b in &bridges {
             node.own_link(b);
         }
@@ -141,14 +204,33 @@ impl<'a> Tier<'a> {
             daemon: None,
             installer: None,
             metrics_port: free_port()?,
+            overlay,
             plexus: common::bin("plexus"),
             bridges,
             pods: Vec::new(),
+            seen: Vec::new(),
+            seen_netns: Vec::new(),
         })
     }
 
+    /// The socket's directory: under the host's /run, which the daemon pod mounts (as deployed).
+    fn run_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/run/plexus-e2e-{}", self.node.name()))
+    }
+
     fn socket(&self) -> PathBuf {
-        self.node.path("run-plexus/plexus.sock")
+        self.run_dir().join("plexus.sock")
+    }
+
+    /// What the installer adds to the config besides the DaemonSet's `PLEXUS_EXTRA_CONFIG`:
+    /// the socket and plans dir of this node; with calico `retryDeleteOnError` (see real_node).
+    fn extra_config(&self, mut extra: Value) -> Value {
+        extra["daemonSocket"] = json!(self.socket());
+        extra["cniDir"] = json!(self.node.plexus_dir());
+        if self.overlay.kind() == Kind::Calico {
+            extra["retryDeleteOnError"] = json!(true);
+        }
+        extra
     }
 
     /// Start `plexus-daemon` (the DaemonSet's daemon container runs it) on the node and wait
@@ -163,7 +245,7 @@ impl<'a> Tier<'a> {
             "--kubeconfig".into(),
             p(self.node.path("daemon.kubeconfig")),
             "--node".into(),
-            NODE.into(),
+            self.node.name().into(),
             "--readiness-file".into(),
             p(ready.clone()),
             "--metrics-address".into(),
@@ -267,8 +349,7 @@ impl<'a> Tier<'a> {
             "the DaemonSet's installer does not select daemon mode: {extra}"
         );
         // Host paths mapped to the node's directories: the socket and the plans dir.
-        extra["daemonSocket"] = json!(self.socket());
-        extra["cniDir"] = json!(self.node.plexus_dir());
+        let extra = self.extra_config(extra);
         let sa = self.node.path("serviceaccount");
         std::fs::create_dir_all(&sa)?;
         std::fs::write(sa.join("token"), &token)?;
@@ -316,9 +397,10 @@ impl<'a> Tier<'a> {
             || Ok(ready.exists()),
         )
         .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
-        let final_conf = self.node.conf_dir().join("00-plexus.conflist");
+        // flannel's and calico's conflists say cniVersion 0.3.1: install.sh writes a .conf.
+        let final_conf = self.node.conf_dir().join("00-plexus.conf");
         let conf: Value = serde_json::from_slice(&std::fs::read(&final_conf)?)?;
-        let plugin = &conf["plugins"][0];
+        let plugin = &conf;
         ensure!(
             plugin["type"] == "plexus-shim" && plugin["daemonSocket"] == json!(self.socket()),
             "{conf}"
@@ -327,14 +409,14 @@ impl<'a> Tier<'a> {
         ensure!(plugin["kubeconfig"].is_string(), "{conf}");
 
         let ipam = |subnet: &str| json!({"type":"host-local","dataDir":self.node.ipam_dir(),"ranges":[[{"subnet":subnet}]]});
-        for (i, name) in ["br-a", "br-b"].into_iter().enumerate() {
+        for (i, name) in ["br-a", "br-b", "br-c"].into_iter().enumerate() {
             let cfg = json!({"cniVersion":"1.0.0","name":name,"type":"bridge",
-                "bridge":self.bridges[i + 1],"ipam":ipam(&format!("10.246.{}.0/24", i + 1))});
+                "bridge":self.bridges[i],"ipam":ipam(&format!("10.246.{}.0/24", i + 1))});
             let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
                 "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}});
             cp.apply(&nad.to_string())?;
         }
-        wait_until_plexus_is_in_the_path(&self.api, NS, NODE)?;
+        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
         self.place("probe", &["probe".to_string()])
     }
 
@@ -344,18 +426,19 @@ impl<'a> Tier<'a> {
             let pod = self.api.get_pod(NS, name)?.context("pod gone")?;
             let uid = pod["metadata"]["uid"].as_str().context("uid")?;
             let (sandbox, netns) = self.node.pod_sandbox(uid)?;
+            self.seen.push(sandbox.clone());
+            self.seen_netns.push(netns.clone());
             self.pods.push(Placed {
                 batch: batch.into(),
                 name: name.clone(),
                 netns,
-                sandbox,
             });
         }
         Ok(())
     }
 
-    /// `n` pods with br-a and br-b (`daemon_adds`: how many ADDs the daemon must have served
-    /// for them; 0 when it is stopped).
+    /// `n` pods, in turn with 3 extra networks (comma form), none, and 1 (JSON form)
+    /// (`daemon_adds`: how many ADDs the daemon must have served for them; 0 when it is stopped).
     fn batch(&mut self, batch: &str, n: usize, daemon_adds: usize) -> Result<()> {
         let before = if self.daemon.is_some() {
             self.metric("plexus_cni_requests_total", &["ADD", "ok"])?
@@ -363,11 +446,15 @@ impl<'a> Tier<'a> {
             0.0
         };
         let names: Vec<String> = (0..n).map(|i| format!("{batch}-{i}")).collect();
-        let nets = json!("br-a, br-b@data1");
+        let forms = [
+            Some(json!("br-a, br-b@data1, app/br-c")),
+            None,
+            Some(json!([{"name": "br-a"}])),
+        ];
         let manifests: Vec<Value> = names
             .iter()
             .enumerate()
-            .map(|(i, name)| manifest(NS, name, NODE, batch, (i % 2 == 0).then_some(&nets)))
+            .map(|(i, name)| manifest(NS, name, self.node.name(), batch, forms[i % 3].as_ref()))
             .collect();
         let t = create_and_wait(&self.api, &manifests, Duration::from_secs(60))
             .with_context(|| self.node.logs(10))?;
@@ -376,12 +463,23 @@ impl<'a> Tier<'a> {
         for (i, name) in names.iter().enumerate() {
             let pod = self.api.get_pod(NS, name)?.context("pod")?;
             let st = network_status(&pod)?;
-            let want = if i % 2 == 0 { 3 } else { 1 };
+            let want = [4, 1, 2][i % 3];
             ensure!(st.len() == want, "{name}: network-status {st:?}");
-            ensure!(st[0]["default"] == true, "{name}: {st:?}");
-            if want == 3 {
+            ensure!(
+                st[0]["default"] == true && st[0]["name"] == self.overlay.network_name(),
+                "{name}: {st:?}"
+            );
+            if want >= 2 {
                 ensure!(
-                    st[1]["name"] == "app/br-a" && st[2]["interface"] == "data1",
+                    st[1]["name"] == "app/br-a" && st[1]["interface"] == "net1",
+                    "{name}: {st:?}"
+                );
+            }
+            if want == 4 {
+                ensure!(
+                    st[2]["interface"] == "data1"
+                        && st[3]["name"] == "app/br-c"
+                        && st[3]["interface"] == "net3",
                     "{name}: {st:?}"
                 );
             }
@@ -393,7 +491,7 @@ impl<'a> Tier<'a> {
                 "the daemon served {served} ADDs for {n} new pods"
             );
         }
-        // With the daemon stopped, the 3 entries above can only come from the shim's thin fallback.
+        // With the daemon stopped, the 4 entries above can only come from the shim's thin fallback.
         Ok(())
     }
 
@@ -417,10 +515,344 @@ impl<'a> Tier<'a> {
             "the daemon served {dels} DELs for {} pods",
             self.pods.len()
         );
+        self.pods.clear();
         let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
             Ok(self.leftovers().is_empty())
         });
         r.with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    /// A pod with a `hostPort`, bandwidth annotations and 1 NAD through the daemon: portmap's
+    /// DNAT and (calico's chain has `bandwidth`) an ifb while it runs, neither after delete.
+    fn host_port_and_bandwidth(&mut self) -> Result<()> {
+        let port = free_port()?;
+        let mut m = manifest(
+            NS,
+            "hostport",
+            self.node.name(),
+            "hostport",
+            Some(&json!("br-a")),
+        );
+        m["spec"]["containers"][0]["ports"] =
+            json!([{"containerPort": 8080, "hostPort": port, "protocol": "TCP"}]);
+        m["metadata"]["annotations"]["kubernetes.io/ingress-bandwidth"] = json!("10M");
+        m["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"] = json!("10M");
+        let ifb_before = ifb_links();
+        let served = self.metric("plexus_cni_requests_total", &["ADD", "ok"])?;
+        create_and_wait(&self.api, &[m], Duration::from_secs(60))
+            .with_context(|| self.node.logs(10))?;
+        self.place("hostport", &["hostport".to_string()])?;
+        let checked = (|| {
+            ensure!(
+                self.metric("plexus_cni_requests_total", &["ADD", "ok"])? > served,
+                "not served by the daemon"
+            );
+            let dnat = dnat_rules(port);
+            ensure!(!dnat.is_empty(), "no DNAT rule for hostPort {port}");
+            let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+            ensure!(
+                !self.overlay.has_bandwidth() || ifbs.iter().any(|i| i.starts_with("bwp")),
+                "no bandwidth ifb (have {ifbs:?})"
+            );
+            println!("    hostPort {port}: {}; ifb {ifbs:?}", dnat[0]);
+            Ok(())
+        })();
+        let deleted = self.delete_all();
+        checked?;
+        deleted?;
+        ensure!(
+            dnat_rules(port).is_empty(),
+            "DNAT rule left: {:?}",
+            dnat_rules(port)
+        );
+        let left: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+        ensure!(left.is_empty(), "ifb left: {left:?}");
+        Ok(())
+    }
+
+    /// Two pods (1 and 3 extra networks) deleted, their teardown (the daemon's DEL) coming while
+    /// the apiserver is stopped: calico's DEL fails until it is back (retried), then the pods
+    /// are gone and nothing is left.
+    fn deleted_while_apiserver_down(&mut self) -> Result<()> {
+        const GRACE: u64 = 14;
+        let names = ["apidown-1".to_string(), "apidown-3".to_string()];
+        let nets = [json!([{"name": "br-a"}]), json!("br-a, br-b, br-c")];
+        let manifests: Vec<Value> = names
+            .iter()
+            .zip(&nets)
+            .map(|(n, nets)| {
+                let mut m = manifest(NS, n, self.node.name(), "apidown", Some(nets));
+                m["spec"]["terminationGracePeriodSeconds"] = json!(GRACE);
+                m["spec"]["containers"][0]["command"] = json!(["/pause", "ignore-sigterm"]);
+                m
+            })
+            .collect();
+        create_and_wait(&self.api, &manifests, Duration::from_secs(60))?;
+        self.place("apidown", &names)?;
+        let netns: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.batch == "apidown")
+            .map(|p| p.netns.clone())
+            .collect();
+        for n in &names {
+            self.api.delete_pod(NS, n)?;
+        }
+        let kubelet_log = self.node.path("kubelet.log");
+        wait_for(
+            "the kubelet killing both pods",
+            Duration::from_secs(10),
+            || {
+                let log = std::fs::read_to_string(&kubelet_log)?;
+                Ok(names.iter().all(|n| {
+                    log.lines().any(|l| {
+                        l.contains("Killing container with a grace period")
+                            && l.contains(&format!("pod=\"{NS}/{n}\""))
+                    })
+                }))
+            },
+        )?;
+        self.cp.stop_apiserver();
+        let stopped = std::time::Instant::now();
+        ensure!(
+            netns.iter().all(|n| Path::new(n).exists()),
+            "torn down before the apiserver was stopped: nothing tested"
+        );
+        std::thread::sleep(Duration::from_secs(GRACE + 4));
+        let gone_while_down = netns.iter().all(|n| !Path::new(n).exists());
+        self.cp.start_apiserver()?;
+        println!(
+            "    {:.1} s after the apiserver stopped: netns {}",
+            stopped.elapsed().as_secs_f64(),
+            if gone_while_down {
+                "gone"
+            } else {
+                "still there (DEL retried)"
+            }
+        );
+        wait_for("the pods gone", Duration::from_secs(90), || {
+            Ok(self.api.list_pods(NS, "apidown")?.is_empty()
+                && netns.iter().all(|n| !Path::new(n).exists()))
+        })?;
+        self.pods.retain(|p| p.batch != "apidown");
+        let r = wait_for("nothing left on the node", Duration::from_secs(30), || {
+            Ok(self.leftovers().is_empty())
+        });
+        r.with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    /// The daemon DaemonSet's pod, as the DaemonSet controller would create it on this node:
+    /// its template from the apiserver (both containers, every mount, `--host-root
+    /// /hostroot`), `spec.nodeName` set, host paths mapped to the node's directories (a
+    /// same-path mount stays same-path), the socket and metrics port of this tier, the API
+    /// address. The image `plexus:latest` is built from the host (image::plexus_image). The
+    /// process daemon is stopped first: pods then get the overlay only through the pod's
+    /// daemon, whose delegates must find files that none of its mounts holds (calico's nodename
+    /// file, flannel's subnet.env and state, host-local's leases: all under the node's dir).
+    fn daemon_pod(&mut self) -> Result<()> {
+        if self.daemon.is_some() {
+            self.stop_daemon()?;
+        }
+        let tar = image::plexus_image(
+            &self.node.path("plexus-image"),
+            &repo("deploy/install.sh"),
+            &[
+                ("plexus", self.plexus.clone()),
+                ("plexus-shim", common::bin("plexus-shim")),
+                ("plexus-daemon", common::bin("plexus-daemon")),
+                ("sriov", common::bin("sriov")),
+            ],
+        )?;
+        self.node.import_image(&tar)?;
+        let cp = self.cp;
+        cp.create_namespace("kube-system")?;
+        // These kube-apiserver binaries also project this ConfigMap into every token volume.
+        let ca = json!({"apiVersion":"v1","kind":"ConfigMap",
+            "metadata":{"name":"openshift-service-ca.crt","namespace":"kube-system"},
+            "data":{"service-ca.crt": cp.ca_pem()}});
+        cp.apply(&ca.to_string())?;
+        let ds: Value = serde_json::from_str(&cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "daemonset",
+            "kube-plexus-daemon",
+            "-o",
+            "json",
+        ])?)?;
+        // The pod's `hostPath: /` and `/run` (HostToContainer) need a shared source.
+        let host_root = SharedHostRoot::new(Path::new(&format!(
+            "/run/plexus-e2e-{}-root",
+            self.node.name()
+        )))?;
+        let pod = self.daemon_pod_manifest(&ds["spec"]["template"], host_root.path())?;
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .context("name")?
+            .to_string();
+        let name = name.as_str();
+        let res = self.run_daemon_pod(&pod, name);
+        // The pod gone before its host root is taken away.
+        let _ = self.api.delete_pod("kube-system", name);
+        let gone = wait_for("the daemon pod gone", Duration::from_secs(60), || {
+            Ok(self.api.get_pod("kube-system", name)?.is_none())
+        });
+        drop(host_root);
+        res.and(gone)
+    }
+
+    /// Create the daemon pod, wait Ready, run pods through it, delete them.
+    fn run_daemon_pod(&mut self, pod: &Value, name: &str) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        self.api.create_pod(pod)?;
+        let ready = wait_for("the daemon pod Ready", Duration::from_secs(90), || {
+            let p = self.api.get_pod("kube-system", name)?;
+            Ok(p.is_some_and(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            }))
+        });
+        if let Err(e) = ready {
+            let p = self.api.get_pod("kube-system", name)?;
+            let evs: Vec<String> = self
+                .api
+                .events("kube-system", name)?
+                .iter()
+                .map(|e| format!("{} {}: {}", e["type"], e["reason"], e["message"]))
+                .collect();
+            let logs = self.container_log("kube-system", name);
+            return Err(e.context(format!(
+                "status {}\nevents {evs:#?}\nlogs:\n{logs}",
+                p.map(|p| p["status"].clone()).unwrap_or_default()
+            )));
+        }
+        println!(
+            "    the daemon DaemonSet's pod Ready {:.1} s after create",
+            t0.elapsed().as_secs_f64()
+        );
+        self.batch("dspod", 3, 3)?;
+        self.delete_all()?;
+        let logs = self.container_log("kube-system", name);
+        ensure!(
+            logs.contains("delegates run chrooted into the host root"),
+            "the pod's daemon does not chroot its delegates:\n{logs}"
+        );
+        Ok(())
+    }
+
+    /// The pod of the DaemonSet template `tpl` on this node (see [`Tier::daemon_pod`]).
+    fn daemon_pod_manifest(&mut self, tpl: &Value, host_root: &Path) -> Result<Value> {
+        let mut spec = tpl["spec"].clone();
+        spec["nodeName"] = json!(self.node.name());
+        let multus = self.node.path("multus-net.d");
+        std::fs::create_dir_all(&multus)?;
+        std::fs::create_dir_all(self.run_dir())?;
+        // hostPath → the node's directory (None: keep, e.g. / and /run).
+        let map = |host: &str| -> Result<Option<PathBuf>> {
+            Ok(match host {
+                "/opt/cni/bin" => Some(self.node.bin_dir()),
+                "/etc/cni/net.d" => Some(self.node.conf_dir()),
+                "/etc/cni/multus/net.d" => Some(multus.clone()),
+                // The daemon's plans (cniDir /var/lib/cni/plexus as deployed).
+                "/var/lib/cni" => Some(self.node.plexus_dir()),
+                "/var/lib/kubelet/pod-resources" => {
+                    Some(self.node.path("kubelet/root/pod-resources"))
+                }
+                "/" => Some(host_root.to_path_buf()),
+                "/run" => Some(host_root.join("run")),
+                other => anyhow::bail!("unexpected hostPath {other} in the daemon DaemonSet"),
+            })
+        };
+        let mut moved = std::collections::BTreeMap::new();
+        for v in spec["volumes"].as_array_mut().context("volumes")? {
+            let Some(host) = v["hostPath"]["path"].as_str().map(str::to_string) else {
+                continue;
+            };
+            if let Some(p) = map(&host)? {
+                v["hostPath"]["path"] = json!(p);
+                moved.insert(v["name"].as_str().unwrap_or("").to_string(), (host, p));
+            }
+        }
+        let port = free_port()?;
+        self.metrics_port = port;
+        let extra_env = [
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+            ("KUBERNETES_SERVICE_PORT", self.cp.port().to_string()),
+        ];
+        for c in spec["containers"].as_array_mut().context("containers")? {
+            // A same-path mount stays same-path (the host's / and /run views stay where they are).
+            for m in c["volumeMounts"].as_array_mut().into_iter().flatten() {
+                if let Some((host, p)) = moved.get(m["name"].as_str().unwrap_or("")) {
+                    if m["mountPath"] == json!(host) && host != "/" && host != "/run" {
+                        m["mountPath"] = json!(p);
+                    }
+                }
+            }
+            let installer = c["name"] == "install-plexus";
+            let env = c["env"].as_array_mut().context("env")?;
+            for (k, v) in &extra_env {
+                env.push(json!({"name": k, "value": v}));
+            }
+            if installer {
+                for e in env.iter_mut() {
+                    if e["name"] == "PLEXUS_EXTRA_CONFIG" {
+                        let ds: Value = serde_json::from_str(e["value"].as_str().unwrap_or("{}"))?;
+                        e["value"] = json!(self.extra_config(ds).to_string());
+                    }
+                }
+                env.push(json!({"name":"PLEXUS_HOST_CONF_DIR","value": self.node.conf_dir()}));
+                env.push(json!({"name":"PLEXUS_LOG_FILE","value": self.node.path("plexus.log")}));
+            } else {
+                let cmd = c["command"].as_array_mut().context("command")?;
+                for i in 0..cmd.len() {
+                    if cmd[i] == "--socket" {
+                        cmd[i + 1] = json!(self.socket());
+                    }
+                    if cmd[i] == "--metrics-address" {
+                        cmd[i + 1] = json!(format!("127.0.0.1:{port}"));
+                    }
+                }
+                ensure!(
+                    cmd.iter().any(|a| a == "--host-root"),
+                    "the daemon container has no --host-root: {cmd:?}"
+                );
+                for probe in ["readinessProbe", "livenessProbe"] {
+                    if c[probe]["httpGet"].is_object() {
+                        c[probe]["httpGet"]["port"] = json!(port);
+                    }
+                }
+            }
+        }
+        Ok(json!({"apiVersion":"v1","kind":"Pod",
+            "metadata":{"name":format!("kube-plexus-daemon-{}", self.overlay.kind().name()),
+                        "namespace":"kube-system",
+                        "labels": tpl["metadata"]["labels"]},
+            "spec": spec}))
+    }
+
+    /// The container logs the kubelet wrote for pod `ns/name` (all containers).
+    fn container_log(&self, ns: &str, name: &str) -> String {
+        let mut out = String::new();
+        let prefix = format!("{ns}_{name}_");
+        let root = self.node.path("kubelet/pod-logs");
+        for pod_dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if !pod_dir.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            for c in std::fs::read_dir(pod_dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                    out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
+                }
+            }
+        }
+        out
     }
 
     /// Plans and result files, leases, `cni-*` netns, veths on the bridges, libcni cache.
@@ -434,22 +866,25 @@ impl<'a> Tier<'a> {
                 .into_iter()
                 .map(|f| format!("lease: {f}")),
         );
+        // This tier's pods' namespaces only (another kubelet may run on the machine).
         v.extend(
-            cni_netns()
-                .difference(self.node.netns_before())
+            self.seen_netns
+                .iter()
+                .filter(|n| Path::new(n).exists())
                 .map(|n| format!("netns: {n}")),
         );
-        for br in &self.bridges {
+        for br in self.overlay.bridge().iter().chain(&self.bridges) {
             let out = common::ip(&["-j", "link", "show", "master", br]);
             let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
             for l in links.as_array().into_iter().flatten() {
                 v.push(format!("veth on {br}: {}", l["ifname"]));
             }
         }
+        v.extend(self.overlay.leftovers(self.cp, &self.node, &self.seen));
         if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
-                if self.pods.iter().any(|p| n.contains(p.sandbox.as_str())) {
+                if self.seen.iter().any(|s| n.contains(s.as_str())) {
                     v.push(format!("libcni cache: {n}"));
                 }
             }

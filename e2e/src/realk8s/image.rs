@@ -80,6 +80,9 @@ pub fn oci_archive(
     Ok(tar.finish())
 }
 
+/// `ImageFile::mode` type bits of a symbolic link (its `data` is the target).
+pub const SYMLINK: u32 = 0o120000;
+
 /// One layer: `files` and their parent directories.
 pub fn layer_tar(files: &[ImageFile]) -> Vec<u8> {
     let mut layer = Tar::default();
@@ -98,7 +101,12 @@ pub fn layer_tar(files: &[ImageFile]) -> Vec<u8> {
         layer.dir(d);
     }
     for f in files {
-        layer.file(f.path.trim_start_matches('/'), f.mode, &f.data);
+        let name = f.path.trim_start_matches('/');
+        if f.mode & 0o170000 == SYMLINK {
+            layer.symlink(name, &String::from_utf8_lossy(&f.data));
+        } else {
+            layer.file(name, f.mode, &f.data);
+        }
     }
     layer.finish()
 }
@@ -133,6 +141,85 @@ pub fn host_programs(names: &[&str]) -> Result<Vec<ImageFile>> {
     Ok(files)
 }
 
+/// The programs deploy/install.sh runs (for an installer image).
+pub const INSTALLER_PROGRAMS: &[&str] = &[
+    "sh",
+    "jq",
+    "cp",
+    "mv",
+    "cmp",
+    "dd",
+    "sha256sum",
+    "cut",
+    "base64",
+    "tr",
+    "mkdir",
+    "rm",
+    "grep",
+    "sleep",
+    "cat",
+    "date",
+    "chmod",
+];
+
+/// The `plexus:latest` image of deploy/Dockerfile, built from the host instead: the installer's
+/// programs ([`INSTALLER_PROGRAMS`]) and their libraries, `/install.sh`, and each of `bins`
+/// (name, built binary) stripped into `/usr/src/plexus/bin/` with the libraries it needs (the
+/// daemon runs in the image). Written as an OCI tarball under `work`; returns its path.
+pub fn plexus_image(
+    work: &std::path::Path,
+    install_sh: &std::path::Path,
+    bins: &[(&str, std::path::PathBuf)],
+) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(work)?;
+    let mut files = host_programs(INSTALLER_PROGRAMS)?;
+    let mut have: BTreeSet<String> = files.iter().map(|f| f.path.clone()).collect();
+    files.push(ImageFile::new(
+        "/install.sh",
+        0o755,
+        std::fs::read(install_sh)?,
+    ));
+    // As in debian:12-slim: CNI_NETNS paths are /var/run/netns/… .
+    files.push(ImageFile::new(
+        "/var/run",
+        SYMLINK | 0o777,
+        b"/run".to_vec(),
+    ));
+    for (name, built) in bins {
+        let out = work.join(name);
+        let ok = Command::new("strip")
+            .arg("-o")
+            .arg(&out)
+            .arg(built)
+            .status()?
+            .success();
+        if !ok {
+            bail!("strip {}", built.display());
+        }
+        files.push(ImageFile::new(
+            &format!("/usr/src/plexus/bin/{name}"),
+            0o755,
+            std::fs::read(&out)?,
+        ));
+        for l in shared_libraries(&built.display().to_string())? {
+            if have.insert(l.clone()) {
+                files.push(ImageFile::new(&l, 0o755, std::fs::read(&l)?));
+            }
+        }
+    }
+    let tar = work.join("plexus-image.tar");
+    std::fs::write(
+        &tar,
+        oci_archive(
+            "docker.io/library/plexus:latest",
+            &files,
+            &["/install.sh"],
+            &["PATH=/bin"],
+        )?,
+    )?;
+    Ok(tar)
+}
+
 /// Absolute paths of the shared libraries (and the loader) `ldd` lists for `binary`.
 fn shared_libraries(binary: &str) -> Result<Vec<String>> {
     let out = Command::new("ldd")
@@ -157,6 +244,8 @@ fn shared_libraries(binary: &str) -> Result<Vec<String>> {
 #[derive(Default)]
 pub(crate) struct Tar {
     out: Vec<u8>,
+    /// The link name of the entry being written (symlinks).
+    link_target: String,
 }
 
 impl Tar {
@@ -171,6 +260,13 @@ impl Tar {
         self.header(name, 0o755, 0, b'5');
     }
 
+    pub(crate) fn symlink(&mut self, name: &str, target: &str) {
+        assert!(target.len() < 100, "symlink target too long: {target}");
+        self.link_target = target.to_string();
+        self.header(name, 0o777, 0, b'2');
+        self.link_target.clear();
+    }
+
     fn header(&mut self, name: &str, mode: u32, size: usize, kind: u8) {
         assert!(name.len() < 100, "tar name too long: {name}");
         let mut h = [0u8; 512];
@@ -183,6 +279,7 @@ impl Tar {
         put(&mut h, 136, b"00000000000\0");
         put(&mut h, 148, b"        ");
         h[156] = kind;
+        put(&mut h, 157, self.link_target.as_bytes());
         put(&mut h, 257, b"ustar\0");
         put(&mut h, 263, b"00");
         let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();

@@ -38,6 +38,8 @@ mod https;
 pub mod image;
 pub mod metrics;
 pub mod node;
+pub mod overlay;
+pub mod overlay_hostroot;
 pub mod pause;
 pub mod pki;
 mod proc;

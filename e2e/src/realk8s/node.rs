@@ -23,8 +23,6 @@ use super::{free_port, tail, ControlPlane, K8sBins, Proc};
 
 /// Where Debian's CNI plugins are; the node's CNI bin dir links to them.
 pub const SYSTEM_CNI_BIN: &str = "/usr/lib/cni";
-/// Name of the primary ("flannel-shaped") config file the node starts with.
-pub const PRIMARY_CONF: &str = "10-flannel.conflist";
 
 /// A running containerd + kubelet. Drop (or [`Node::stop`]) cleans up.
 pub struct Node<'a> {
@@ -42,13 +40,14 @@ pub struct Node<'a> {
 }
 
 impl<'a> Node<'a> {
-    /// Start containerd with `primary(ipam_dir)` (a conflist) as `<conf dir>/10-flannel.conflist`,
-    /// import the pause image, start the kubelet as node `name` and wait for the Node to be Ready.
-    /// `primary` gets [`Node::ipam_dir`], for host-local's `dataDir`.
+    /// Start containerd with `primary(node dir)` (a conflist, e.g.
+    /// [`super::overlay::Overlay::conflist`]) as `<conf dir>/<conf_name>`, import the pause
+    /// image, start the kubelet as node `name` and wait for the Node to be Ready.
     pub fn start(
         cp: &'a ControlPlane,
         bins: &K8sBins,
         name: &str,
+        conf_name: &str,
         primary: &dyn Fn(&Path) -> Value,
     ) -> Result<Node<'a>> {
         let t0 = Instant::now();
@@ -74,7 +73,7 @@ impl<'a> Node<'a> {
             stopped: false,
             dir,
         };
-        if let Err(e) = node.boot(bins, primary) {
+        if let Err(e) = node.boot(bins, conf_name, primary) {
             let logs = format!(
                 "containerd.log:\n{}\nkubelet.log:\n{}",
                 tail(&node.path("containerd.log"), 15),
@@ -91,7 +90,12 @@ impl<'a> Node<'a> {
         Ok(node)
     }
 
-    fn boot(&mut self, bins: &K8sBins, primary: &dyn Fn(&Path) -> Value) -> Result<()> {
+    fn boot(
+        &mut self,
+        bins: &K8sBins,
+        conf_name: &str,
+        primary: &dyn Fn(&Path) -> Value,
+    ) -> Result<()> {
         for d in [
             "cni/bin",
             "cni/net.d",
@@ -113,8 +117,8 @@ impl<'a> Node<'a> {
             std::os::unix::fs::symlink(entry.path(), self.bin_dir().join(entry.file_name()))?;
         }
         std::fs::write(
-            self.conf_dir().join(PRIMARY_CONF),
-            serde_json::to_vec_pretty(&primary(&self.ipam_dir()))?,
+            self.conf_dir().join(conf_name),
+            serde_json::to_vec_pretty(&primary(self.dir.path()))?,
         )?;
         self.make_cgroup_root()?;
 
@@ -383,10 +387,16 @@ nodeStatusUpdateFrequency: 2s
         {
             k.stop(Duration::from_secs(10));
         }
+        // Only this node's pod namespaces are removed below: other tiers (or helpers) may run
+        // kubelets of their own meanwhile, whose `cni-*` namespaces are none of ours.
+        let mut own_netns = Vec::new();
         if self.ctr(&["version"]).is_ok() {
             match self.cri.sandboxes(None) {
                 Ok(sbs) => {
                     for sb in sbs {
+                        if let Ok(ns) = self.cri.sandbox_netns(&sb.id) {
+                            own_netns.push(ns);
+                        }
                         if let Err(e) = self.cri.stop_and_remove(&sb.id) {
                             eprintln!("realk8s node: remove sandbox {}: {e:#}", sb.id);
                         }
@@ -405,10 +415,12 @@ nodeStatusUpdateFrequency: 2s
         }
         self.kill_shims();
         unmount_under(self.dir.path());
-        for ns in cni_netns().difference(&self.netns_before) {
-            let p = format!("/run/netns/{ns}");
+        for p in own_netns
+            .iter()
+            .filter(|p| !p.is_empty() && Path::new(p).exists())
+        {
             let _ = nix::mount::umount2(p.as_str(), nix::mount::MntFlags::MNT_DETACH);
-            if let Err(e) = std::fs::remove_file(&p) {
+            if let Err(e) = std::fs::remove_file(p) {
                 eprintln!("realk8s node: remove {p}: {e}");
             }
         }
@@ -583,7 +595,7 @@ pub fn cni_netns() -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-fn mount_points() -> Vec<String> {
+pub(crate) fn mount_points() -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()

@@ -245,3 +245,31 @@ pub fn check_pod_network(status: &[Value], netns: &str, expected: &[(&str, &str)
     }
     Ok(())
 }
+
+/// Names of the host's ifb links.
+pub fn ifb_links() -> BTreeSet<String> {
+    let out = Command::new("ip")
+        .args(["-j", "link", "show", "type", "ifb"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let v: Value = serde_json::from_str(&out).unwrap_or(json!([]));
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// nat-table rules that DNAT host port `port`.
+pub fn dnat_rules(port: u16) -> Vec<String> {
+    let out = Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines()
+        .filter(|l| l.contains("DNAT") && l.contains(&format!("--dport {port} ")))
+        .map(str::to_string)
+        .collect()
+}

@@ -59,6 +59,9 @@ pub struct DaemonConfig {
     /// Write the network-status inside the ADD (thin mode's semantics: a permanent refusal
     /// undoes the ADD) instead of right after its answer ([`status`]).
     pub status_in_call: bool,
+    /// The host's `/` as mounted in the daemon's container (`/hostroot`); delegates are exec'd
+    /// chrooted into it, so they see the host's files (docs/daemon.md). Empty: no chroot.
+    pub host_root: String,
 }
 
 impl Default for DaemonConfig {
@@ -77,6 +80,7 @@ impl Default for DaemonConfig {
             log_level: String::new(),
             log_file: String::new(),
             status_in_call: false,
+            host_root: String::new(),
         }
     }
 }
@@ -85,7 +89,8 @@ const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
                      [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
-                     [--log-level LEVEL] [--log-file PATH] [--status-in-call]";
+                     [--log-level LEVEL] [--log-file PATH] [--status-in-call]
+                     [--host-root DIR]";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).
@@ -116,6 +121,7 @@ impl DaemonConfig {
                 "--log-level" => cfg.log_level = val()?,
                 "--log-file" => cfg.log_file = val()?,
                 "--status-in-call" => cfg.status_in_call = true,
+                "--host-root" => cfg.host_root = val()?,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -269,6 +275,10 @@ pub fn main(argv: &[String]) -> i32 {
 }
 
 fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    plexus_delegates::hostroot::set(std::path::Path::new(&cfg.host_root))?;
+    if let Some(root) = plexus_delegates::hostroot::get() {
+        tracing::info!(host_root = %root.display(), "delegates run chrooted into the host root");
+    }
     let client = rt.block_on(build_client(cfg))?;
     let caches = Arc::new(Caches::default());
     let metrics = Arc::new(Metrics::new());
@@ -397,5 +407,8 @@ mod tests {
         assert_eq!(o.file, Some(PathBuf::from("/l/d.log")));
         assert_eq!((o.level.as_str(), o.to_stderr), ("debug", true));
         assert_eq!(log_options(&DaemonConfig::default()).file, None);
+        let c = DaemonConfig::from_args(&args(&["--host-root", "/hostroot"])).unwrap();
+        assert_eq!(c.host_root, "/hostroot");
+        assert_eq!(DaemonConfig::default().host_root, "");
     }
 }
