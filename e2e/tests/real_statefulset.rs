@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use plexus_e2e::realk8s::node::{wait_for, Node, PRIMARY_CONF};
+use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
 };
@@ -41,6 +41,8 @@ use pods::{network_status, running, wait_until_plexus_is_in_the_path, IMAGE, NET
 
 const NS: &str = "sts";
 const NODE: &str = "plexus-snode";
+/// The bridge primary's conflist in the node's CNI config directory.
+const PRIMARY_CONF: &str = "10-bridge.conflist";
 const MAPPING: &str = "plexus.cni.io/fixed-ips";
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -138,7 +140,7 @@ impl<'a> Tier<'a> {
         for ns in [NS, "default"] {
             cp.create_namespace(ns)?;
         }
-        let node = Node::start(cp, bins, NODE, &primary)?;
+        let node = Node::start(cp, bins, NODE, PRIMARY_CONF, &primary)?;
         for b in &bridges {
             node.own_link(b);
         }
