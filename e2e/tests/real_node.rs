@@ -425,15 +425,12 @@ impl<'a> Tier<'a> {
 
     // ---------------------------------------------------------------------------- helpers
 
-    /// `PLEXUS_EXTRA_CONFIG`: the node's plans dir; with calico also `retryDeleteOnError`
-    /// (docs/quickstart.md): calico-ipam's DEL needs the API, and without it plexus gives up
-    /// after three failed DELs, which an apiserver outage of ~15 s reaches (its IPs leak).
+    /// `PLEXUS_EXTRA_CONFIG`: the node's plans dir. No `retryDeleteOnError`, with calico
+    /// either: calico-ipam's DEL needs the API, and plexus keeps failing a DEL (so the kubelet
+    /// retries) for 5 minutes after its first failure before it may give up, so an apiserver
+    /// outage of ~20 s leaks nothing.
     fn extra_config(&self) -> Value {
-        let mut v = json!({"cniDir": self.node.plexus_dir()});
-        if self.overlay.kind() == Kind::Calico {
-            v["retryDeleteOnError"] = json!(true);
-        }
-        v
+        json!({"cniDir": self.node.plexus_dir()})
     }
 
     /// install.sh's config: `.conflist` for a 1.x primary, `.conf` for a 0.x one (flannel's
@@ -893,7 +890,7 @@ impl<'a> Tier<'a> {
             t0.elapsed().as_secs_f64()
         );
         // calico-ipam releases addresses through the API: its DEL fails until the apiserver is
-        // back (retried: retryDeleteOnError), and the pods are torn down after that.
+        // back (the kubelet retries; plexus keeps failing the DEL until then), and the pods are torn down after that.
         let del_needs_api = self.overlay.kind() == Kind::Calico;
         let res = (|| {
             if del_needs_api {

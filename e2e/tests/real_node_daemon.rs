@@ -223,13 +223,11 @@ impl<'a> Tier<'a> {
     }
 
     /// What the installer adds to the config besides the DaemonSet's `PLEXUS_EXTRA_CONFIG`:
-    /// the socket and plans dir of this node; with calico `retryDeleteOnError` (see real_node).
+    /// the socket and plans dir of this node (no `retryDeleteOnError`, with calico either: see
+    /// real_node).
     fn extra_config(&self, mut extra: Value) -> Value {
         extra["daemonSocket"] = json!(self.socket());
         extra["cniDir"] = json!(self.node.plexus_dir());
-        if self.overlay.kind() == Kind::Calico {
-            extra["retryDeleteOnError"] = json!(true);
-        }
         extra
     }
 

@@ -295,8 +295,25 @@ fn failing_delegate_del_is_retried_then_given_up() {
             "{attempt}: plan kept for the retry"
         );
     }
-    // The other networks were deleted on the first attempt; the last attempt gives up.
+    // The other networks were deleted on the first attempt. Three failures within the time
+    // floor: still failing, so the runtime keeps retrying (an API outage must not leak).
     assert_eq!(ns.links(), vec!["lo"]);
+    let e = s.call("DEL", &ns.path(), &cfg).err().clone();
+    assert!(e["msg"].as_str().unwrap().contains("backend down"), "{e}");
+    // The first failure 6 minutes ago: the next failing attempt gives up.
+    let plan = s
+        .leftovers()
+        .into_iter()
+        .find(|f| f.starts_with("plans/"))
+        .expect("plan kept");
+    let path = s.dir.path().join("state").join(&plan);
+    let mut saved: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(saved["delFailures"], 3, "{saved}");
+    let first = saved["firstDelFailure"]
+        .as_u64()
+        .expect("first failure recorded");
+    saved["firstDelFailure"] = json!(first - 360);
+    std::fs::write(&path, saved.to_string()).unwrap();
     s.call("DEL", &ns.path(), &cfg).ok();
     assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
     s.call("DEL", "", &cfg).ok();

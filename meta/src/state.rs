@@ -34,6 +34,9 @@ pub struct SavedPlan {
     /// Failed DEL attempts so far.
     #[serde(default)]
     pub del_failures: u32,
+    /// When the first DEL attempt failed (seconds since the Unix epoch), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_del_failure: Option<u64>,
 }
 
 impl SavedPlan {
@@ -53,6 +56,7 @@ impl SavedPlan {
             pod,
             attachments,
             del_failures: 0,
+            first_del_failure: None,
         }
     }
 }

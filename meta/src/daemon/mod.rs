@@ -85,6 +85,13 @@ impl Default for DaemonConfig {
     }
 }
 
+/// Bounds of the daemon's numeric settings (docs/limits.md).
+const MAX_CONCURRENT: (u64, u64) = (1, 1024);
+const QUEUE_SIZE: (u64, u64) = (0, 65_536);
+const POD_WAIT_MS: (u64, u64) = (0, 600_000);
+const DRAIN_SECONDS: (u64, u64) = (0, 3600);
+const API_TIMEOUT_MS: (u64, u64) = (100, 600_000);
+
 const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
@@ -125,10 +132,25 @@ impl DaemonConfig {
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
-        if cfg.max_concurrent == 0 {
-            return Err("maxConcurrent must be > 0".into());
-        }
+        cfg.check_bounds()?;
         Ok(cfg)
+    }
+
+    /// Every number in range: a wait that could overflow the clock (`Instant + Duration`
+    /// panics) or never end is refused at start, naming the field and its range.
+    fn check_bounds(&self) -> Result<(), String> {
+        use plexus_conf::bounds::check;
+        let fields: [(&str, u64, (u64, u64)); 5] = [
+            ("maxConcurrent", self.max_concurrent as u64, MAX_CONCURRENT),
+            ("queueSize", self.queue_size as u64, QUEUE_SIZE),
+            ("podWaitMs", self.pod_wait_ms, POD_WAIT_MS),
+            ("drainSeconds", self.drain_seconds, DRAIN_SECONDS),
+            ("apiTimeoutMs", self.api_timeout_ms, API_TIMEOUT_MS),
+        ];
+        for (field, value, range) in fields {
+            check(field, value, range).map_err(|e| format!("{}: {}", e.msg, e.details))?;
+        }
+        Ok(())
     }
 }
 
@@ -376,6 +398,25 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_refused_naming_the_field() {
+        for (flag, field) in [
+            ("--drain-seconds", "drainSeconds"),
+            ("--pod-wait-ms", "podWaitMs"),
+            ("--queue-size", "queueSize"),
+            ("--max-concurrent", "maxConcurrent"),
+        ] {
+            let e = DaemonConfig::from_args(&args(&[flag, "18446744073709551615"])).unwrap_err();
+            assert!(e.contains(field) && e.contains("between"), "{flag}: {e}");
+        }
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("d.json");
+        std::fs::write(&f, br#"{"apiTimeoutMs":0}"#).unwrap();
+        let e = DaemonConfig::from_args(&args(&["--config", f.to_str().unwrap()])).unwrap_err();
+        assert!(e.contains("apiTimeoutMs"), "{e}");
+        assert!(DaemonConfig::from_args(&args(&["--drain-seconds", "3600"])).is_ok());
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //!
 //! When a delegate DEL fails the plan is kept and the error returned, so the runtime's retry
 //! runs the same plan again. With `retryDeleteOnError` (Multus' name) that goes on until it
-//! succeeds; without it plexus gives up after [`MAX_DEL_ATTEMPTS`] failed attempts, logs what
-//! is left, and reports success so a broken delegate cannot keep a pod in Terminating forever.
+//! succeeds; without it plexus gives up once [`MAX_DEL_ATTEMPTS`] attempts have failed **and**
+//! [`GIVE_UP_AFTER`] has passed since the first failure, logs what is left, and reports success
+//! so a broken delegate cannot keep a pod in Terminating forever. The time floor matters: the
+//! kubelet makes three attempts within about 15 s, and an API server outage of that length
+//! (calico-ipam keeps its leases in the API) must not turn into leaked addresses.
 //!
 //! A state directory that cannot be written never stops the cleanup: DEL reads the plan and
 //! runs the delegates without its lock, then reports the I/O failure (code 5).
@@ -28,8 +31,25 @@ use plexus_delegates::netns::NetNs;
 use plexus_delegates::skel::CmdArgs;
 use std::path::Path;
 
-/// Failed DEL attempts after which plexus stops retrying (without `retryDeleteOnError`).
+/// Failed DEL attempts after which plexus may stop retrying (without `retryDeleteOnError`).
 pub const MAX_DEL_ATTEMPTS: u32 = 3;
+
+/// How long after the first failed DEL attempt plexus keeps failing DEL (so the runtime
+/// retries) before it may give up (without `retryDeleteOnError`).
+pub const GIVE_UP_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Seconds since the Unix epoch.
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Whether a DEL that failed `failures` times, first at `first` (Unix seconds), may give up at
+/// `now`.
+fn may_give_up(failures: u32, first: u64, now: u64) -> bool {
+    failures >= MAX_DEL_ATTEMPTS && now.saturating_sub(first) >= GIVE_UP_AFTER.as_secs()
+}
 
 /// Whether `netns` names a network namespace that can be entered now.
 fn usable(netns: &str) -> bool {
@@ -154,7 +174,9 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
         }
         Err(e) => {
             record.del_failures += 1;
-            if !ctx.config.retry_delete_on_error && record.del_failures >= MAX_DEL_ATTEMPTS {
+            let now = now_unix();
+            let first = *record.first_del_failure.get_or_insert(now);
+            if !ctx.config.retry_delete_on_error && may_give_up(record.del_failures, first, now) {
                 tracing::error!(error = %e, attempts = record.del_failures,
                     "DEL keeps failing; giving up: what the failing delegates hold may be left behind");
                 attach::forget_results(&ctx.runtime, &record.attachments, &args.container_id);
@@ -520,6 +542,22 @@ mod tests {
 
     /// What an interrupted ADD left running for this container (an IPAM plugin under a killed
     /// delegate) is killed before DEL; other containers' and other verbs' processes are not.
+    #[test]
+    fn giving_up_needs_three_failures_and_five_minutes_since_the_first() {
+        let t = 1_000_000;
+        assert!(
+            !may_give_up(3, t, t + 15),
+            "three quick failures (an API outage)"
+        );
+        assert!(!may_give_up(2, t, t + 600), "two failures, however old");
+        assert!(!may_give_up(3, t, t + 299));
+        assert!(may_give_up(3, t, t + 300));
+        assert!(
+            !may_give_up(3, t + 10, t),
+            "a clock set back never gives up early"
+        );
+    }
+
     #[test]
     fn orphans_of_an_interrupted_add_are_killed() {
         let cid = format!("orphan-test-{}", std::process::id());
