@@ -16,8 +16,8 @@
 //!
 //! `Display` prints `msg: details`, exactly as the `CniError` would.
 
-use crate::devices::podresources::PodResourcesError;
-use crate::k8s::K8sError;
+pub use crate::k8s::error_chain as chain;
+use crate::k8s::{K8sError, RESOURCE_NAME_ATTR};
 use plexus_conf::error::{code, CniError};
 use plexus_delegates::netns::NetNsError;
 use std::fmt;
@@ -608,21 +608,6 @@ pub enum MetaError {
     },
 }
 
-/// `err: source: source…` on one line, leaving out a source whose text its error already shows.
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
-}
-
 fn prefixed(prefix: impl fmt::Display, inner: &str) -> String {
     format!("{prefix}: {inner}")
 }
@@ -929,7 +914,7 @@ impl MetaError {
                 format!("{pod}: device {device} of ResourceClaim {claim} has resourceName {got}, but the pod's extended resource {wanted} maps to it"),
                 format!(
                     "attribute {} must equal the extended resource name",
-                    crate::devices::dra::RESOURCE_NAME_ATTR
+                    RESOURCE_NAME_ATTR
                 ),
             ),
             Manifest { what, manifest, .. } => {
@@ -1088,6 +1073,50 @@ impl fmt::Display for MetaError {
 impl From<MetaError> for CniError {
     fn from(e: MetaError) -> CniError {
         e.to_cni()
+    }
+}
+
+/// Why the pod-resources API gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    /// The socket file does not exist (no kubelet API here; use the checkpoint file).
+    #[error("kubelet pod-resources socket {0} does not exist")]
+    NoSocket(PathBuf),
+    /// The socket exists but nothing accepted the connection or the HTTP/2 handshake.
+    #[error("cannot connect to kubelet pod-resources socket {}: {message}", socket.display())]
+    Connect {
+        /// Socket path.
+        socket: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// The kubelet answered a call with an error status.
+    #[error("kubelet pod-resources {method} failed: {code:?}: {message}")]
+    Rpc {
+        /// gRPC method path.
+        method: &'static str,
+        /// gRPC status code.
+        code: tonic::Code,
+        /// Status message.
+        message: String,
+    },
+    /// No complete answer within the bound.
+    #[error("kubelet pod-resources API did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl PodResourcesError {
+    /// True when the API could not be reached at all (no socket, refused, hung, or a transport
+    /// status), so another source (the checkpoint file) may be tried; false when the kubelet
+    /// answered with an application error.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::NoSocket(_) | Self::Connect { .. } | Self::Timeout(_) => true,
+            Self::Rpc { code, .. } => matches!(
+                code,
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+        }
     }
 }
 

@@ -401,7 +401,7 @@ impl Inputs for CacheInputs {
         pod: &PodInfo,
         wanted: &BTreeSet<String>,
     ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
-        crate::devices::allocated(ctx, self.client.as_ref(), pod, wanted)
+        crate::inputs::devices::allocated(ctx, self.client.as_ref(), pod, wanted)
     }
 
     fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {

@@ -9,7 +9,8 @@ pub mod cache;
 pub mod metrics;
 pub mod protocol;
 pub mod server;
-pub mod status;
+/// The background network-status writer (in the report stage; kept under this name).
+pub use crate::report::background as status;
 
 use crate::context::Ctx;
 use crate::k8s::{ClientOptions, InClusterEnv, KubeClient, RetryPolicy};

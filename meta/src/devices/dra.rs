@@ -9,33 +9,14 @@ use crate::k8s::KubeClient;
 use crate::plan::DeviceMap;
 use crate::pod::{ExtendedClaim, PodClaims};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Device attribute holding the device ID (a VF's PCI address).
 pub const DEVICE_ID_ATTR: &str = "k8s.cni.cncf.io/deviceID";
-/// Device attribute holding the resource name a NAD refers to.
-pub const RESOURCE_NAME_ATTR: &str = "k8s.cni.cncf.io/resourceName";
+/// Device attribute holding the resource name a NAD refers to (defined with the API types).
+pub use crate::k8s::RESOURCE_NAME_ATTR;
 
-/// A DRA-allocated device a network can use, as recorded in the plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DraDevice {
-    /// The claim's namespace (the pod's).
-    pub claim_namespace: String,
-    /// The claim's API name.
-    pub claim_name: String,
-    /// Driver.
-    pub driver: String,
-    /// Pool.
-    pub pool: String,
-    /// Device name in the pool.
-    pub device: String,
-    /// `k8s.cni.cncf.io/deviceID`.
-    pub device_id: String,
-    /// `k8s.cni.cncf.io/resourceName` (or the extended-resource mapping's name).
-    pub resource_name: String,
-}
+pub use crate::plan::DraDevice;
 
 /// An allocation result to look up: which claim, driver, pool, device, request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,6 @@
 //! `deviceID` without the pod or the NAD naming one. The kubelet pod-resources API is asked
 //! first (as Multus does); its device-manager checkpoint file is the fallback.
 
-pub mod claims;
 pub mod devinfo;
 pub mod dra;
 pub mod podresources;
@@ -54,92 +53,6 @@ pub fn lookup(ctx: &mut Ctx, pod: &PodInfo) -> Result<PodAllocations, MetaError>
             source: Box::new(e),
             pod_resources,
         }),
-    }
-}
-
-/// Every device allocated to the pod for the `wanted` resources: the device plugin's (kubelet)
-/// first; for resources it does not cover, the pod's DRA claims (only pods that have claims pay
-/// the claim GETs and slice LISTs). `claims` is the pod's DRA side when the pod object was
-/// read; `None` means it must be read (one GET) before the claims can be known.
-pub fn allocated(
-    ctx: &mut Ctx,
-    client: Option<&crate::k8s::KubeClient>,
-    pod: &PodInfo,
-    wanted: &std::collections::BTreeSet<String>,
-) -> Result<(DeviceMap, Vec<dra::DraDevice>), MetaError> {
-    let label = format!("pod {}", pod.id.key());
-    let (plugin, named) = match lookup(ctx, pod) {
-        Ok(a) => (Ok(a.devices), a.claim_devices),
-        Err(e) => (Err(e), Vec::new()),
-    };
-    let covered = |m: &DeviceMap| wanted.iter().all(|r| m.contains_key(r));
-    if plugin.as_ref().is_ok_and(covered) {
-        return Ok((plugin.unwrap_or_default(), Vec::new()));
-    }
-    let Some(client) = client else {
-        return plugin.map(|m| (m, Vec::new()));
-    };
-    let claims = match &pod.claims {
-        Some(c) => c.clone(),
-        None => crate::inputs::api::fetch_pod(ctx, Some(client), Some(&pod.id))?
-            .and_then(|p| p.claims)
-            .unwrap_or_default(),
-    };
-    if claims.is_empty() {
-        return plugin.map(|m| (m, Vec::new()));
-    }
-    let ns = pod.id.namespace.clone();
-    // The kubelet names the prepared devices: then only the slices are read.
-    let found = match ctx.block_on(dra::lookup_named(client, &ns, &claims, &named, &label))? {
-        Some(found) => found?,
-        None => ctx.block_on(dra::lookup(client, &ns, &claims, &label))??,
-    };
-    let mut map = match plugin {
-        Ok(m) => m,
-        // The device plugin's sources failing is fine when the claims cover every resource.
-        Err(e) if !covered(&dra::device_map(&found)) => return Err(e),
-        Err(e) => {
-            tracing::debug!(error = %e, "no device-plugin allocations; DRA covers every resource");
-            DeviceMap::new()
-        }
-    };
-    for (res, ids) in dra::device_map(&found) {
-        let entry = map.entry(res).or_default();
-        entry.extend(ids);
-        entry.sort();
-        entry.dedup();
-    }
-    Ok((map, found))
-}
-
-/// After planning: tie each attachment's allocated device to its DRA identity, and give
-/// attachments with a device their per-attachment device-info file
-/// (`runtimeConfig.CNIDeviceInfoFile`, for plugins that declare the capability).
-pub fn annotate(
-    plan: &mut [crate::plan::PlannedAttachment],
-    found: &[dra::DraDevice],
-    info_dir: &Path,
-    container_id: &str,
-) {
-    use plexus_conf::k8s::devinfo;
-    for a in plan.iter_mut().filter(|a| a.resource_name.is_some()) {
-        let Some(id) = a
-            .capability_args
-            .get("deviceID")
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        a.dra = found
-            .iter()
-            .find(|d| d.device_id == id && Some(&d.resource_name) == a.resource_name.as_ref())
-            .cloned();
-        let file = devinfo::attachment_file(info_dir, &a.network, container_id, &a.ifname);
-        a.capability_args.insert(
-            devinfo::CAPABILITY.into(),
-            serde_json::Value::from(file.display().to_string()),
-        );
     }
 }
 

@@ -6,7 +6,7 @@
 //! or reports the pod unknown, `List` decides, matching on namespace and name as Multus does.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
@@ -160,49 +160,7 @@ pub mod proto {
     }
 }
 
-/// Why the pod-resources API gave no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum PodResourcesError {
-    /// The socket file does not exist (no kubelet API here; use the checkpoint file).
-    #[error("kubelet pod-resources socket {0} does not exist")]
-    NoSocket(PathBuf),
-    /// The socket exists but nothing accepted the connection or the HTTP/2 handshake.
-    #[error("cannot connect to kubelet pod-resources socket {}: {message}", socket.display())]
-    Connect {
-        /// Socket path.
-        socket: PathBuf,
-        /// What failed.
-        message: String,
-    },
-    /// The kubelet answered a call with an error status.
-    #[error("kubelet pod-resources {method} failed: {code:?}: {message}")]
-    Rpc {
-        /// gRPC method path.
-        method: &'static str,
-        /// gRPC status code.
-        code: Code,
-        /// Status message.
-        message: String,
-    },
-    /// No complete answer within the bound.
-    #[error("kubelet pod-resources API did not answer within {0:?}")]
-    Timeout(Duration),
-}
-
-impl PodResourcesError {
-    /// True when the API could not be reached at all (no socket, refused, hung, or a transport
-    /// status), so another source (the checkpoint file) may be tried; false when the kubelet
-    /// answered with an application error.
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            Self::NoSocket(_) | Self::Connect { .. } | Self::Timeout(_) => true,
-            Self::Rpc { code, .. } => matches!(
-                code,
-                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
-            ),
-        }
-    }
-}
+pub use crate::error::PodResourcesError;
 
 /// A DRA device the kubelet prepared for one of the pod's claims.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

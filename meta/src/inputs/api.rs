@@ -69,7 +69,7 @@ impl Inputs for ApiInputs {
         wanted: &BTreeSet<String>,
     ) -> Result<(DeviceMap, Vec<DraDevice>), MetaError> {
         let client = ctx.client()?;
-        crate::devices::allocated(ctx, client.as_ref(), pod, wanted)
+        super::devices::allocated(ctx, client.as_ref(), pod, wanted)
     }
 
     fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {

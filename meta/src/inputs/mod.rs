@@ -10,13 +10,14 @@
 //! The stages after it (plan → attach with undo → report) are the same for every source.
 
 pub mod api;
+pub mod devices;
 pub mod files;
 
 use crate::context::Ctx;
 use crate::devices::dra::DraDevice;
 use crate::error::MetaError;
 use crate::k8s::KubeClient;
-use crate::plan::requests::{self, NadMap, Requests};
+use crate::plan::requests::{self, NadMap};
 use crate::plan::DeviceMap;
 use crate::pod::{PodIdentity, PodInfo};
 use std::collections::BTreeSet;
@@ -54,20 +55,7 @@ pub trait Inputs {
     fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError>;
 }
 
-/// Everything the planner needs, as read from an [`Inputs`].
-#[derive(Debug, Clone, Default)]
-pub struct Read {
-    /// The pod, when known.
-    pub pod: Option<PodInfo>,
-    /// What the pod asks for.
-    pub requests: Requests,
-    /// The NADs those requests reference.
-    pub nads: NadMap,
-    /// Devices per resource, when some NAD names a resource (`None`: not looked up).
-    pub devices: Option<DeviceMap>,
-    /// The DRA devices among them.
-    pub dra: Vec<DraDevice>,
-}
+pub use crate::plan::Read;
 
 /// Read the requests of `pod`, the NADs they reference and, when a NAD names a device
 /// resource, the pod's allocated devices.

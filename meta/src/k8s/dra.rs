@@ -13,6 +13,9 @@ use super::error::{Ctx, K8sError};
 use super::names::segment;
 use super::retry;
 
+/// Device attribute holding the resource name a NAD refers to.
+pub const RESOURCE_NAME_ATTR: &str = "k8s.cni.cncf.io/resourceName";
+
 /// Field manager of plexus' server-side applies.
 pub const FIELD_MANAGER: &str = "plexus";
 

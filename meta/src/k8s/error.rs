@@ -324,6 +324,21 @@ impl K8sError {
     }
 }
 
+/// `err: source: source…` on one line, leaving out a source whose text its error already shows.
+pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

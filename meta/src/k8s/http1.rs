@@ -18,8 +18,8 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::error::chain as error_chain;
 use super::transport::{Request, Response, SendFuture, Transport, TransportError};
-use crate::error::chain as error_chain;
 
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;

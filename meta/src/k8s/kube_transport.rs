@@ -14,10 +14,10 @@ use tower::{BoxError, ServiceBuilder};
 use super::client::{
     install_crypto_provider, read_kubeconfig, redact, ClientOptions, InClusterEnv, KubeClient,
 };
+use super::error::chain as error_chain;
 use super::error::K8sError;
 use super::http1::MAX_BODY;
 use super::transport::{Request, SendFuture, Transport, TransportError};
-use crate::error::chain as error_chain;
 
 /// [`Transport`] over a `kube::Client`.
 struct KubeTransport(kube::Client);

@@ -42,8 +42,10 @@ mod tls_tests;
 mod transport;
 
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
-pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER};
-pub use error::{K8sError, CNI_INVALID_CONFIG, CNI_K8S_FAILURE, CNI_TRY_AGAIN_LATER};
+pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER, RESOURCE_NAME_ATTR};
+pub use error::{
+    chain as error_chain, K8sError, CNI_INVALID_CONFIG, CNI_K8S_FAILURE, CNI_TRY_AGAIN_LATER,
+};
 pub use events::{build_event, EventType, PodRef, EVENT_ACTION, EVENT_COMPONENT};
 pub use nads::{Nad, NadSpec, NetworkAttachmentDefinition, RESOURCE_NAME_ANNOTATION};
 pub use pod_list::ListedPod;

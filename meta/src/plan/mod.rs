@@ -69,7 +69,7 @@ pub struct PlannedAttachment {
     pub resource_name: Option<String>,
     /// The DRA device behind that device ID, when it came from a ResourceClaim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dra: Option<crate::devices::dra::DraDevice>,
+    pub dra: Option<DraDevice>,
 }
 
 impl PlannedAttachment {
@@ -89,7 +89,7 @@ pub fn for_pod(
     ifname: &str,
     cni_args: &CniArgs,
     container_id: &str,
-    read: &crate::inputs::Read,
+    read: &Read,
 ) -> Result<Vec<PlannedAttachment>, MetaError> {
     // StatefulSet replicas: the addresses their NADs' fixed-ips mappings give them.
     let fixed = fixed_ips::apply(
@@ -107,13 +107,79 @@ pub fn for_pod(
         &read.nads,
         read.devices.as_ref(),
     )?;
-    crate::devices::annotate(
+    annotate(
         &mut plan,
         &read.dra,
         std::path::Path::new(&config.device_info_dir),
         container_id,
     );
     Ok(plan)
+}
+
+/// After planning: tie each attachment's allocated device to its DRA identity, and give
+/// attachments with a device their per-attachment device-info file
+/// (`runtimeConfig.CNIDeviceInfoFile`, for plugins that declare the capability).
+fn annotate(
+    plan: &mut [PlannedAttachment],
+    found: &[DraDevice],
+    info_dir: &std::path::Path,
+    container_id: &str,
+) {
+    use plexus_conf::k8s::devinfo;
+    for a in plan.iter_mut().filter(|a| a.resource_name.is_some()) {
+        let Some(id) = a
+            .capability_args
+            .get("deviceID")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        a.dra = found
+            .iter()
+            .find(|d| d.device_id == id && Some(&d.resource_name) == a.resource_name.as_ref())
+            .cloned();
+        let file = devinfo::attachment_file(info_dir, &a.network, container_id, &a.ifname);
+        a.capability_args.insert(
+            devinfo::CAPABILITY.into(),
+            serde_json::Value::from(file.display().to_string()),
+        );
+    }
+}
+
+/// A DRA-allocated device a network can use, as recorded in the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DraDevice {
+    /// The claim's namespace (the pod's).
+    pub claim_namespace: String,
+    /// The claim's API name.
+    pub claim_name: String,
+    /// Driver.
+    pub driver: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name in the pool.
+    pub device: String,
+    /// `k8s.cni.cncf.io/deviceID`.
+    pub device_id: String,
+    /// `k8s.cni.cncf.io/resourceName` (or the extended-resource mapping's name).
+    pub resource_name: String,
+}
+
+/// Everything the planner needs, as read from an [`Inputs`](crate::inputs::Inputs).
+#[derive(Debug, Clone, Default)]
+pub struct Read {
+    /// The pod, when known.
+    pub pod: Option<PodInfo>,
+    /// What the pod asks for.
+    pub requests: requests::Requests,
+    /// The NADs those requests reference.
+    pub nads: requests::NadMap,
+    /// Devices per resource, when some NAD names a resource (`None`: not looked up).
+    pub devices: Option<DeviceMap>,
+    /// The DRA devices among them.
+    pub dra: Vec<DraDevice>,
 }
 
 /// Inputs to the planner.

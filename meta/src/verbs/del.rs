@@ -169,7 +169,7 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
     ) {
         Ok(()) => {
             crate::devices::devinfo::remove(&record.attachments);
-            crate::devices::claims::release_network_data(ctx, &record.attachments);
+            crate::report::claims::release_network_data(ctx, &record.attachments);
             finish(ctx, args, &label, reached_everything)
         }
         Err(e) => {

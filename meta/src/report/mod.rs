@@ -1,10 +1,13 @@
 //! Stage 4 of ADD and DEL: tell Kubernetes what happened — the pod's
 //! `k8s.v1.cni.cncf.io/network-status` (one merge PATCH), one summary event, and the DRA
-//! claims' `networkData` ([`crate::devices::claims`]).
+//! claims' `networkData` ([`claims`]).
 //!
 //! Thin mode does all of it inside the call. In daemon mode events are posted in the
 //! background (they never delay the runtime), and a transient failure of the status PATCH is
 //! retried in the background instead of undoing the attachments ([`spawn_status_retry`]).
+
+pub mod background;
+pub mod claims;
 
 use crate::attach::Attached;
 use crate::context::Ctx;
@@ -133,10 +136,10 @@ pub fn added(
     );
     if let (Some(client), Some(p)) = (client, pod) {
         let status = to_annotation(&network_status(plan, done));
-        if ctx.in_daemon() && crate::daemon::status::background() {
+        if ctx.in_daemon() && background::background() {
             // Daemon mode: the PATCH follows the answer (daemon/status.rs: ordering per pod,
             // retries, what a reader sees).
-            ctx.spawn_detached(crate::daemon::status::write_later(client, &p.id, status));
+            ctx.spawn_detached(background::write_later(client, &p.id, status));
             return finish_added(ctx, Some(client), plan, done, added_event);
         }
         let patch = client.set_network_status(&p.id.namespace, &p.id.name, &p.id.uid, &status);
@@ -189,7 +192,7 @@ fn finish_added(
     added_event: Option<impl std::future::Future<Output = ()> + Send + 'static>,
 ) -> Result<(), StatusFailure> {
     if let Some(client) = client {
-        crate::devices::claims::write_network_data(ctx, client, plan, done);
+        claims::write_network_data(ctx, client, plan, done);
     }
     if let Some(ev) = added_event {
         ctx.run_or_spawn(ev);

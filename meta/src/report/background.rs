@@ -18,9 +18,9 @@
 //!   sandbox is recreated. `--status-in-call` (`statusInCall`) restores the in-call PATCH
 //!   (thin mode's semantics: a permanent refusal undoes the ADD, code 11/102).
 
+use super::STATUS_RETRY_FOR;
 use crate::k8s::{EventType, K8sError, KubeClient, PodRef};
 use crate::pod::PodIdentity;
-use crate::report::STATUS_RETRY_FOR;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
