@@ -17,6 +17,7 @@ const ORDER: &[&str] = &[
     "k8s",
     // MetaError: its own data and the k8s / pod-resources errors it wraps
     "error",
+    // default-route netlink work, for attach
     "routes",
     // the planner: plan types (attachments, device map, NAD data, DRA devices) and the pure
     // steps from what the inputs read to the attachments (no API calls)

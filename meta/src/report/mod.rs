@@ -137,7 +137,7 @@ pub fn added(
     if let (Some(client), Some(p)) = (client, pod) {
         let status = to_annotation(&network_status(plan, done));
         if ctx.in_daemon() && background::background() {
-            // Daemon mode: the PATCH follows the answer (daemon/status.rs: ordering per pod,
+            // Daemon mode: the PATCH follows the answer (report/background.rs: ordering per pod,
             // retries, what a reader sees).
             ctx.spawn_detached(background::write_later(client, &p.id, status));
             return finish_added(ctx, Some(client), plan, done, added_event);
