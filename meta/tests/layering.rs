@@ -200,10 +200,27 @@ fn strip_cfg_test(src: &str) -> (String, Vec<String>) {
     (out, test_mods)
 }
 
-/// The first path segment of every `crate::…` reference (`use crate::{a, b::c}` gives a, b).
-fn crate_refs(src: &str) -> BTreeSet<String> {
+/// The first path segment of every `crate::…` reference (`use crate::{a, b::c}` gives a, b),
+/// and of every `super::…` path that climbs to the crate root from a file `depth` modules deep.
+fn crate_refs(src: &str, depth: usize) -> BTreeSet<String> {
     let b = src.as_bytes();
     let mut refs = BTreeSet::new();
+    let mut from = 0;
+    while let Some(pos) = src[from..].find("super::") {
+        let at = from + pos;
+        from = at + "super::".len();
+        if at > 0 && (is_ident(b[at - 1]) || b[at - 1] == b':') {
+            continue;
+        }
+        let mut climbs = 1;
+        while src[from..].starts_with("super::") {
+            climbs += 1;
+            from += "super::".len();
+        }
+        if climbs >= depth {
+            push_use_tree(&src[from..], &mut refs);
+        }
+    }
     let mut from = 0;
     while let Some(pos) = src[from..].find("crate::") {
         let at = from + pos;
@@ -211,33 +228,38 @@ fn crate_refs(src: &str) -> BTreeSet<String> {
         if at > 0 && (is_ident(b[at - 1]) || b[at - 1] == b'$') {
             continue;
         }
-        let mut i = from;
-        while i < b.len() && b[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if b.get(i) == Some(&b'{') {
-            let end = item_end(b, i);
-            let inner = &src[i + 1..end.saturating_sub(1)];
-            let mut depth = 0;
-            let mut start = 0;
-            let ib = inner.as_bytes();
-            for (k, ch) in ib.iter().enumerate() {
-                match ch {
-                    b'{' => depth += 1,
-                    b'}' => depth -= 1,
-                    b',' if depth == 0 => {
-                        push_first_segment(&inner[start..k], &mut refs);
-                        start = k + 1;
-                    }
-                    _ => {}
-                }
-            }
-            push_first_segment(&inner[start..], &mut refs);
-        } else {
-            push_first_segment(&src[i..], &mut refs);
-        }
+        push_use_tree(&src[from..], &mut refs);
     }
     refs
+}
+
+/// The first segment of the path at the start of `rest`, or of each path in a `{ … }` group.
+fn push_use_tree(rest: &str, refs: &mut BTreeSet<String>) {
+    let b = rest.as_bytes();
+    let mut i = 0;
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    if b.get(i) != Some(&b'{') {
+        push_first_segment(&rest[i..], refs);
+        return;
+    }
+    let end = item_end(b, i);
+    let inner = &rest[i + 1..end.saturating_sub(1)];
+    let mut depth = 0;
+    let mut start = 0;
+    for (k, ch) in inner.bytes().enumerate() {
+        match ch {
+            b'{' => depth += 1,
+            b'}' => depth -= 1,
+            b',' if depth == 0 => {
+                push_first_segment(&inner[start..k], refs);
+                start = k + 1;
+            }
+            _ => {}
+        }
+    }
+    push_first_segment(&inner[start..], refs);
 }
 
 fn push_first_segment(s: &str, refs: &mut BTreeSet<String>) {
@@ -311,8 +333,13 @@ fn meta_graph() -> BTreeMap<String, BTreeSet<String>> {
         }
         let module = first.trim_end_matches(".rs").to_string();
         let (code, _) = strip_cfg_test(&strip_comments_and_literals(raw));
+        // How many modules deep the file is: `error.rs` and `report/mod.rs` 1, `k8s/pods.rs` 2.
+        let mut depth = rel.components().count();
+        if rel.file_name().is_some_and(|n| n == "mod.rs") {
+            depth -= 1;
+        }
         let node = graph.entry(module.clone()).or_default();
-        for r in crate_refs(&code) {
+        for r in crate_refs(&code, depth) {
             if r != module {
                 node.insert(r);
             }
@@ -478,14 +505,21 @@ fn f<'a>(c: char) -> bool { c == '"' && crate::delta::g() }
 mod tests { use crate::testonly; }
 #[cfg(test)]
 mod helper;
-fn h() { $crate::macro_path(); }
+fn h() { $crate::macro_path(); super::super::epsilon::f(); super::sibling::g(); }
+use super::super::{zeta::A, eta};
 "##;
     let (code, test_mods) = strip_cfg_test(&strip_comments_and_literals(src));
-    let refs = crate_refs(&code);
-    let want: BTreeSet<String> = ["alpha", "beta", "gamma", "delta"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    assert_eq!(refs, want);
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|s| s.to_string()).collect() };
+    // Two modules deep: `super::super::epsilon` is the crate's `epsilon`, `super::sibling` not.
+    assert_eq!(
+        crate_refs(&code, 2),
+        set(&["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"])
+    );
+    // Three deep: `super::super` stays inside the top-level module.
+    assert_eq!(
+        crate_refs(&code, 3),
+        set(&["alpha", "beta", "gamma", "delta"])
+    );
     assert_eq!(test_mods, vec!["helper".to_string()]);
 }

@@ -7,7 +7,9 @@
 //! | `crate::daemon::cache::CacheInputs` | daemon mode | none: the daemon's watch caches (a GET only on a cache miss) |
 //! | [`files::FileInputs`] | `plexus explain` | manifests on disk |
 //!
-//! The stages after it (plan → attach with undo → report) are the same for every source.
+//! The stages after it (plan → attach with undo → report) are the same for every source. It
+//! gives a [`Read`] (a plan type); [`devices`] joins the device plugin's allocations and the
+//! pod's DRA claims.
 
 pub mod api;
 pub mod devices;

@@ -1,8 +1,10 @@
 //! Stage 2 of every verb: the attachment plan — which networks a pod gets, on which
 //! interfaces, with which exact delegate configs, capability args and `CNI_ARGS`. Built with
 //! no I/O (beyond config files the config names) from the config and what the inputs stage
-//! read ([`crate::inputs::Read`]), so ADD, DEL (from the saved plan) and `plexus explain` share
-//! it:
+//! read ([`Read`]), so ADD, DEL (from the saved plan) and `plexus explain` share it. The
+//! types the inputs fill in ([`Read`], [`DeviceMap`], [`DraDevice`], `requests::NadMap`) live
+//! here, so the inputs stage imports the plan's types and the plan imports nothing above it
+//! (docs/design.md, "Stages"):
 //!
 //! - [`requests`]: what the pod asks for (annotations, `clusterNetwork`, `defaultNetworks`,
 //!   isolation) and which NADs that needs;
