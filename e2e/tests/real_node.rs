@@ -1444,7 +1444,6 @@ fn print_timings(overlay: &str, bare: Option<&Timings>, none: &Timings, one: &Ti
     row("plexus + 1 bridge NAD", one);
 }
 
-/// After the node stopped: no process of it, no mount under its dir, no netns it created.
 /// The runtime's libcni cache entry (`/var/lib/cni/results`) of pod `name` (its `cniArgs`
 /// carry `K8S_POD_NAME`).
 fn libcni_cache_entry(name: &str) -> Result<Value> {
@@ -1465,6 +1464,7 @@ fn libcni_cache_entry(name: &str) -> Result<Value> {
     anyhow::bail!("no libcni cache entry for pod {name}")
 }
 
+/// After the node stopped: no process of it, no mount under its dir, no netns it created.
 fn ensure_gone_after_stop(tier: &Tier<'_>) {
     let dir = tier.node.dir().display().to_string();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
