@@ -3,6 +3,7 @@
 
 use crate::cache::{CachedAttachment, ResultCache};
 use crate::exec::{exec_plugin, find_plugin, CniEnv, Verb};
+use crate::support;
 use plexus_conf::args::CniArgs;
 use plexus_conf::error::{code, CniError};
 use plexus_conf::netconf::NetConfList;
@@ -239,20 +240,24 @@ impl Runtime {
         Ok(())
     }
 
-    /// STATUS of the network (1.1.0+; older versions report ready, as libcni does).
+    /// STATUS of the network (1.1.0+; older versions report ready, as libcni does). A plugin
+    /// that does not support the network's version is not sent STATUS: the answer is a code 1
+    /// error naming it, its versions and the verb ([`support::require`]).
     pub fn status(&self, list: &NetConfList) -> Result<(), CniError> {
         let ver = self.negotiate(list)?;
         if !ver.has_status_gc() {
             return Ok(());
         }
         for i in 0..list.plugins.len() {
+            support::require(self, list, i, ver, Verb::Status)?;
             self.run_plugin(list, i, Verb::Status, ver, &Attachment::default(), None)?;
         }
         Ok(())
     }
 
     /// GC the network: DEL every cached attachment that is not valid, then send GC with the
-    /// valid list to every plugin (1.1.0+). Continues past errors and reports them all.
+    /// valid list to every plugin (1.1.0+). Continues past errors and reports them all; a plugin
+    /// that does not support the network's version is not sent GC and is reported as such.
     pub fn gc(&self, list: &NetConfList, valid: &[(String, String)]) -> Result<(), CniError> {
         if list.disable_gc {
             return Ok(());
@@ -305,6 +310,10 @@ impl Runtime {
                 .map(|(c, i)| json!({"containerID": c, "ifname": i}))
                 .collect();
             for i in 0..list.plugins.len() {
+                if let Err(e) = support::require(self, list, i, ver, Verb::Gc) {
+                    errors.push(e);
+                    continue;
+                }
                 let mut req = list.plugin_request(i, ver.as_str(), &Map::new(), None);
                 req["cni.dev/valid-attachments"] = Value::Array(attachments.clone());
                 req["cni.dev/attachments"] = Value::Array(attachments.clone());

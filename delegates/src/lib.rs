@@ -11,6 +11,7 @@ pub mod lock;
 pub mod logging;
 pub mod netns;
 pub mod skel;
+pub mod support;
 pub mod timing;
 
 pub use chain::{Attachment, Runtime};

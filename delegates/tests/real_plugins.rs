@@ -243,3 +243,33 @@ fn loopback_and_legacy_020_static() {
         "10.1.1.254"
     );
 }
+
+#[test]
+fn status_and_gc_at_1_1_0_name_debian_portmap_and_its_versions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = runtime(tmp.path());
+    let list = NetConfList::from_value(json!({"cniVersion":"1.1.0","name":"pm11",
+        "plugins":[{"type":"portmap","capabilities":{"portMappings":true}}]}))
+    .unwrap();
+    // Sent as written, portmap would say "missing containerID".
+    let e = rt.status(&list).unwrap_err();
+    assert_eq!(e.code, 1, "{e}");
+    assert!(
+        e.msg.contains("\"pm11\"") && e.msg.contains("portmap") && e.msg.contains("STATUS"),
+        "{e}"
+    );
+    assert!(
+        e.details.contains("1.0.0") && !e.to_string().contains("containerID"),
+        "{e}"
+    );
+    let e = rt.gc(&list, &[]).unwrap_err();
+    assert!(e.msg.contains("portmap") && e.msg.contains("GC"), "{e}");
+    // With cniVersions the network runs at 1.0.0: STATUS and GC are not sent, as in libcni.
+    let neg = NetConfList::from_value(
+        json!({"cniVersion":"1.1.0","cniVersions":["1.1.0","1.0.0"],"name":"pm",
+        "plugins":[{"type":"portmap","capabilities":{"portMappings":true}}]}),
+    )
+    .unwrap();
+    rt.status(&neg).unwrap();
+    rt.gc(&neg, &[]).unwrap();
+}

@@ -128,6 +128,10 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
         Ok(())
     });
     if !full {
+        suite.case(
+            &name("plexus_at_cni_1_1_0_over_the_overlays_0_3_1_conflist"),
+            || tier.plexus_at_1_1_0(),
+        );
         return;
     }
     suite.case(
@@ -715,27 +719,153 @@ impl<'a> Tier<'a> {
         println!("    STATUS 1.1.0 over the installed 0.3.1 conflist: ok");
         let mut over_declared = plexus.clone();
         over_declared["clusterNetwork"] = json!(declared_path);
+        // Both overlays chain a plugin built for CNI ≤ 1.0.0 (calico; flannel's portmap): it is
+        // not sent STATUS, and the error names it, its versions and the verb.
         let (ok, out) = run("STATUS", &over_declared)?;
-        if ok {
-            println!("    STATUS 1.1.0 over the conflist declared 1.1.0: ok");
-        } else {
-            let e: Value = serde_json::from_str(&out)
-                .with_context(|| format!("STATUS failed without a CNI error: {out:?}"))?;
-            ensure!(
-                e["code"].is_u64() && e["msg"].as_str().is_some_and(|m| m.contains(self.net)),
-                "STATUS error does not name the network {}: {e}",
-                self.net
-            );
-            println!(
-                "    STATUS 1.1.0 over the conflist declared 1.1.0: {} {}: {}",
-                e["code"], e["msg"], e["details"]
-            );
-        }
+        ensure!(
+            !ok,
+            "STATUS over the conflist declared 1.1.0 succeeded: {out}"
+        );
+        let e: Value = serde_json::from_str(&out)
+            .with_context(|| format!("STATUS failed without a CNI error: {out:?}"))?;
+        let msg = e["msg"].as_str().unwrap_or("");
+        ensure!(
+            e["code"] == 1
+                && msg.contains(self.net)
+                && msg.contains("does not support cniVersion 1.1.0")
+                && msg.contains("STATUS")
+                && e["details"].as_str().is_some_and(|d| d.contains("1.0.0")),
+            "STATUS error is not the clear one naming {}, the plugin and its versions: {e}",
+            self.net
+        );
+        println!(
+            "    STATUS 1.1.0 over the conflist declared 1.1.0: {} {}: {}",
+            e["code"], e["msg"], e["details"]
+        );
         let mut gc = plexus.clone();
         gc["cni.dev/valid-attachments"] = json!([]);
         let (ok, out) = run("GC", &gc)?;
         ensure!(ok, "GC: {out}");
         println!("    GC 1.1.0 (no valid attachment): ok");
+        self.wait_clean()
+    }
+
+    /// plexus' own config at cniVersion 1.1.0 over the overlay's 0.3.1 conflist, run by the
+    /// real runtime: the installer is stopped (its config stays), `cniVersion` rewritten in
+    /// place (same length: containerd 1.6 reloads on the write event) and one pod with a NAD
+    /// created. A runtime whose libcni knows 1.1.0 (containerd 2.x) runs it: network-status
+    /// right, its libcni cache entry holds the 1.1.0 config and result. containerd 1.6 (libcni
+    /// 1.1, spec ≤ 1.0.0) refuses plexus' 1.1.0 result (`unsupported CNI result version`) and
+    /// runs DEL: the case then asserts that refusal. Either way, after delete nothing is left
+    /// (plans, calico's IPAM handles, flannel's leases). The 0.3.1 config is written back.
+    fn plexus_at_1_1_0(&mut self) -> Result<()> {
+        if let Some(mut p) = self.installer.take() {
+            p.stop(Duration::from_secs(10));
+        }
+        let path = self.plexus_conf();
+        let original = std::fs::read_to_string(&path)?;
+        let conf: Value = serde_json::from_str(&original)?;
+        let old = conf["cniVersion"]
+            .as_str()
+            .context("no cniVersion")?
+            .to_string();
+        ensure!(old.len() == 5 && old != "1.1.0", "installed at {old}");
+        // The installer pretty-prints: replace the 5 bytes of the value after the key.
+        let key = original
+            .find("\"cniVersion\"")
+            .context("no cniVersion key")?;
+        let at = key
+            + original[key..]
+                .find(&format!("\"{old}\""))
+                .context("no value")?
+            + 1;
+        let v110 = format!("{}1.1.0{}", &original[..at], &original[at + old.len()..]);
+        let write_in_place = |text: &str| -> Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path)?;
+            f.write_all(text.as_bytes())?;
+            Ok(())
+        };
+        write_in_place(&v110)?;
+        // containerd reloads on the write event; give its watcher a moment.
+        std::thread::sleep(Duration::from_millis(500));
+        let outcome = self.pod_at_1_1_0();
+        write_in_place(&original)?;
+        std::thread::sleep(Duration::from_millis(500));
+        outcome
+    }
+
+    /// The pod of [`Tier::plexus_at_1_1_0`]: Running or refused by the runtime, then deleted.
+    fn pod_at_1_1_0(&self) -> Result<()> {
+        let name = format!("v110-{}", std::process::id());
+        let net = self.net;
+        self.api.create_pod(&manifest(
+            NS,
+            &name,
+            self.node.name(),
+            "v110",
+            Some(&json!("br-a")),
+        ))?;
+        let refusal = "unsupported CNI result version \"1.1.0\"";
+        let mut outcome = None;
+        let waited = wait_for(
+            "the pod Running or refused",
+            Duration::from_secs(30),
+            || {
+                let pod = self.api.get_pod(NS, &name)?.context("pod gone")?;
+                if running(&pod) {
+                    outcome = Some(Ok(pod));
+                } else if self.api.events(NS, &name)?.iter().any(|e| {
+                    e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(refusal) && m.contains("plexus"))
+                }) {
+                    outcome = Some(Err(()));
+                }
+                Ok(outcome.is_some())
+            },
+        );
+        let checked = match (waited, outcome) {
+            (Err(e), _) => Err(e.context(format!("pod {name}: neither Running nor refused"))),
+            (Ok(()), None) => Err(anyhow::anyhow!("pod {name}: no outcome")),
+            (Ok(()), Some(Ok(pod))) => (|| {
+                let (sb, netns) = self.pod_netns(NS, &name)?;
+                self.sandboxes.borrow_mut().push(sb);
+                check_pod_network(
+                    &network_status(&pod)?,
+                    &netns,
+                    &[(net, "eth0"), ("app/br-a", "net1")],
+                )?;
+                let entry = libcni_cache_entry(&name)?;
+                let config: Value = serde_json::from_slice(&base64::Engine::decode(
+                    &base64::engine::general_purpose::STANDARD,
+                    entry["config"].as_str().context("config")?,
+                )?)?;
+                ensure!(
+                    config["cniVersion"] == "1.1.0" && entry["result"]["cniVersion"] == "1.1.0",
+                    "not run at 1.1.0: config {config}, result {}",
+                    entry["result"]
+                );
+                println!("    plexus 1.1.0 over the 0.3.1 {net}: pod Running, result 1.1.0");
+                Ok(())
+            })(),
+            (Ok(()), Some(Err(()))) => {
+                println!(
+                    "    plexus 1.1.0 over the 0.3.1 {net}: the runtime (libcni < 1.2) refuses: {refusal}"
+                );
+                Ok(())
+            }
+        };
+        delete_and_wait(
+            &self.api,
+            NS,
+            "v110",
+            std::slice::from_ref(&name),
+            // A Running pod's netns is checked by `wait_clean` (pod_netns records it).
+            &[String::new()],
+            Duration::from_secs(60),
+        )?;
+        checked.with_context(|| self.node.logs(5))?;
         self.wait_clean()
     }
 
@@ -1312,6 +1442,26 @@ fn print_timings(overlay: &str, bare: Option<&Timings>, none: &Timings, one: &Ti
     }
     row("plexus, no extra network", none);
     row("plexus + 1 bridge NAD", one);
+}
+
+/// The runtime's libcni cache entry (`/var/lib/cni/results`) of pod `name` (its `cniArgs`
+/// carry `K8S_POD_NAME`).
+fn libcni_cache_entry(name: &str) -> Result<Value> {
+    for e in std::fs::read_dir("/var/lib/cni/results")?.flatten() {
+        let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(e.path()).unwrap_or_default())
+        else {
+            continue;
+        };
+        let ours = v["cniArgs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|kv| kv[0] == "K8S_POD_NAME" && kv[1] == name);
+        if ours {
+            return Ok(v);
+        }
+    }
+    anyhow::bail!("no libcni cache entry for pod {name}")
 }
 
 /// After the node stopped: no process of it, no mount under its dir, no netns it created.

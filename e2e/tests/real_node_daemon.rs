@@ -42,6 +42,7 @@ use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
+use plexus_e2e::realk8s::runtime_log;
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
 };
@@ -49,7 +50,7 @@ use serde_json::{json, Value};
 
 use api::Api;
 use pods::{
-    create_and_wait, delete_and_wait, dnat_rules, ifb_links, manifest, network_status,
+    create_and_wait, delete_and_wait, dnat_rules, ifb_links, manifest, median, network_status,
     wait_until_plexus_is_in_the_path,
 };
 
@@ -124,6 +125,7 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
         tier.delete_all()
     });
     if full {
+        suite.case(&name("timings_through_the_daemon"), || tier.timings());
         suite.case(
             &name("host_port_and_bandwidth_through_the_daemon_gone_after"),
             || tier.host_port_and_bandwidth(),
@@ -517,6 +519,77 @@ impl<'a> Tier<'a> {
         let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
             Ok(self.leftovers().is_empty())
         });
+        r.with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    /// Forget batch `batch`'s placed pods (the caller deletes them); their netns paths.
+    fn take_batch(&mut self, batch: &str) -> Vec<String> {
+        let (mine, rest): (Vec<Placed>, Vec<Placed>) = std::mem::take(&mut self.pods)
+            .into_iter()
+            .partition(|p| p.batch == batch);
+        self.pods = rest;
+        mine.into_iter().map(|p| p.netns).collect()
+    }
+
+    /// Daemon-mode timing (benchmark output, not a timed test): 10 pods one after another and
+    /// 10 at once, no extra network, every CNI call through the shim and the daemon; medians
+    /// printed as the thin tier's table (`real_node`'s `timings_with_plexus`). Nothing left after.
+    fn timings(&mut self) -> Result<()> {
+        // Run alone (a filter), the install's probe pod still runs: delete it first.
+        if !self.pods.is_empty() {
+            self.delete_all()?;
+        }
+        let wait = Duration::from_secs(60);
+        let (mut seq_create, mut seq_delete) = (Vec::new(), Vec::new());
+        for i in 0..10 {
+            let batch = format!("tseq{i}");
+            let names = vec![format!("{batch}-0")];
+            let m = manifest(NS, &names[0], self.node.name(), &batch, None);
+            seq_create.extend(create_and_wait(&self.api, &[m], wait)?);
+            self.place(&batch, &names)?;
+            let netns = self.take_batch(&batch);
+            seq_delete.extend(delete_and_wait(
+                &self.api, NS, &batch, &names, &netns, wait,
+            )?);
+        }
+        let names: Vec<String> = (0..10).map(|i| format!("tburst-{i}")).collect();
+        let manifests: Vec<Value> = names
+            .iter()
+            .map(|n| manifest(NS, n, self.node.name(), "tburst", None))
+            .collect();
+        let burst_create = create_and_wait(&self.api, &manifests, wait)?;
+        self.place("tburst", &names)?;
+        let netns = self.take_batch("tburst");
+        let burst_delete = delete_and_wait(&self.api, NS, "tburst", &names, &netns, wait)?;
+        let log = std::fs::read_to_string(self.node.path("containerd.log"))?;
+        let (run, teardown) = runtime_log::sandbox_times(&log, "tseq");
+        let k = self.overlay.kind().name();
+        println!("\n    {k}, daemon mode: create→Running / delete→gone, medians in ms (real kubelet + containerd):");
+        println!("    | config | 10 one after another: create→Running | delete→gone | 10 at once: create→Running | delete→gone |");
+        println!("    |---|---|---|---|---|");
+        println!(
+            "    | plexus-daemon (shim → daemon), no extra network | {:.0} | {:.0} | {:.0} | {:.0} |",
+            median(&seq_create),
+            median(&seq_delete),
+            median(&burst_create),
+            median(&burst_delete)
+        );
+        println!("\n    inside containerd, one pod at a time (medians in ms, from its log):");
+        println!("    | config | RunPodSandbox (CNI ADD inside) | StopPodSandbox → network torn down (CNI DEL) |");
+        println!("    |---|---|---|");
+        println!(
+            "    | plexus-daemon (shim → daemon), no extra network | {:.0} | {:.0} |",
+            median(&run),
+            median(&teardown)
+        );
+        let t0 = std::time::Instant::now();
+        let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
+            Ok(self.leftovers().is_empty())
+        });
+        println!(
+            "    clean {:.1} s after the last delete",
+            t0.elapsed().as_secs_f64()
+        );
         r.with_context(|| format!("left: {:?}", self.leftovers()))
     }
 

@@ -275,6 +275,41 @@ fn version_status_and_about() {
 }
 
 #[test]
+fn status_on_a_1_1_0_conflist_with_debian_portmap_names_the_plugin_and_its_versions() {
+    let s = Setup::new();
+    // A 1.1.0 plugin that is ready, then Debian's portmap (CNI up to 1.0.0).
+    s.script(
+        "ready11",
+        r#"cat >/dev/null; [ "$CNI_COMMAND" = VERSION ] && echo '{"cniVersion":"1.1.0","supportedVersions":["1.0.0","1.1.0"]}'; exit 0"#,
+    );
+    let mut cfg = s.config("1.1.0", vec![]);
+    cfg["delegates"][0] = json!({"cniVersion":"1.1.0","name":"pm11","plugins":[
+        {"type":"ready11"},{"type":"portmap","capabilities":{"portMappings":true}}]});
+    let e = s.call("STATUS", "", &cfg).err().clone();
+    assert_eq!(e["code"], 1, "{e}");
+    let msg = e["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("pm11") && msg.contains("plugin portmap") && msg.contains("STATUS"),
+        "{e}"
+    );
+    let details = e["details"].as_str().unwrap();
+    assert!(details.contains("0.4.0, 1.0.0"), "{e}");
+    assert!(!e.to_string().contains("containerID"), "{e}");
+    // Written at 1.0.0 the network is not sent STATUS (libcni's rule): ready.
+    cfg["delegates"][0]["cniVersion"] = json!("1.0.0");
+    s.call("STATUS", "", &cfg).ok();
+    // GC with a portmap at 1.1.0 reports the same cause and still GCs the rest.
+    cfg["delegates"][0]["cniVersion"] = json!("1.1.0");
+    cfg["cni.dev/valid-attachments"] = json!([]);
+    let e = s.call("GC", "", &cfg).err().clone();
+    assert!(
+        e.to_string().contains("plugin portmap") && e.to_string().contains("GC"),
+        "{e}"
+    );
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+#[test]
 fn failing_delegate_del_is_retried_then_given_up() {
     let s = Setup::new();
     let ns = Netns::new();
