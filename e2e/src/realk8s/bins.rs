@@ -45,7 +45,8 @@ pub struct K8sBins {
     pub apiserver: PathBuf,
     /// `kubelet`
     pub kubelet: PathBuf,
-    /// `kubectl`, the server's version (never one from `PATH`)
+    /// `kubectl`, the server's version (`kubectl` or `kubectl.xz` in `PLEXUS_K8S_BIN`, e.g.
+    /// `../shared/k8s/bin/kubectl.xz`; never one from `PATH`)
     pub kubectl: PathBuf,
     /// `kube-scheduler`, when the directory has one
     pub scheduler: Option<PathBuf>,
