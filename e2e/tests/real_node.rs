@@ -610,17 +610,7 @@ impl<'a> Tier<'a> {
     /// runs; neither after delete.
     fn host_port_and_bandwidth(&mut self) -> Result<()> {
         let port = plexus_e2e::realk8s::free_port()?;
-        let mut m = manifest(
-            NS,
-            "hostport",
-            self.node.name(),
-            "hostport",
-            Some(&json!("br-a")),
-        );
-        m["spec"]["containers"][0]["ports"] =
-            json!([{"containerPort": 8080, "hostPort": port, "protocol": "TCP"}]);
-        m["metadata"]["annotations"]["kubernetes.io/ingress-bandwidth"] = json!("10M");
-        m["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"] = json!("10M");
+        let m = hostport_manifest(NS, self.node.name(), port);
         let ifb_before = ifb_links();
         create_and_wait(&self.api, &[m], Duration::from_secs(60))
             .with_context(|| self.node.logs(10))?;
@@ -661,14 +651,7 @@ impl<'a> Tier<'a> {
         )?;
         checked?;
         self.wait_clean()?;
-        ensure!(
-            dnat_rules(port).is_empty(),
-            "DNAT rule left: {:?}",
-            dnat_rules(port)
-        );
-        let left: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
-        ensure!(left.is_empty(), "ifb left: {left:?}");
-        Ok(())
+        ensure_no_hostport_left(port, &ifb_before)
     }
 
     /// Version mixes, with the installed plexus binary run as the runtime would: plexus' config
@@ -1154,7 +1137,9 @@ impl<'a> Tier<'a> {
                     .any(|c| c["type"] == "Ready" && c["status"] == "True")
             });
             if is_ready {
-                log_at_ready = self.container_log("kube-system", "kube-plexus-ds-node");
+                log_at_ready = self
+                    .node
+                    .container_log("kube-system", "kube-plexus-ds-node");
             }
             Ok(is_ready)
         });
@@ -1172,12 +1157,15 @@ impl<'a> Tier<'a> {
                 Duration::from_secs(90),
                 || {
                     Ok(self
+                        .node
                         .container_log("kube-system", "kube-plexus-ds-node")
                         .contains("watching every"))
                 },
             )
         });
-        let logs = self.container_log("kube-system", "kube-plexus-ds-node");
+        let logs = self
+            .node
+            .container_log("kube-system", "kube-plexus-ds-node");
         if let Err(e) = ready {
             let p = self.api.get_pod("kube-system", "kube-plexus-ds-node")?;
             let evs = self.api.events("kube-system", "kube-plexus-ds-node")?;
@@ -1217,7 +1205,9 @@ impl<'a> Tier<'a> {
         self.api.delete_pod("kube-system", "kube-plexus-ds-node")?;
         let (mut last_log, mut exit) = (String::new(), Value::Null);
         wait_for("the DaemonSet pod gone", Duration::from_secs(60), || {
-            let log = self.container_log("kube-system", "kube-plexus-ds-node");
+            let log = self
+                .node
+                .container_log("kube-system", "kube-plexus-ds-node");
             if !log.is_empty() {
                 last_log = log;
             }
@@ -1242,28 +1232,6 @@ impl<'a> Tier<'a> {
         );
         ensure!(self.plexus_conf().exists());
         Ok(())
-    }
-
-    /// The container logs the kubelet wrote for pod `ns/name` (all containers, all restarts).
-    fn container_log(&self, ns: &str, name: &str) -> String {
-        let mut out = String::new();
-        let root = self.node.path("kubelet/pod-logs");
-        let prefix = format!("{ns}_{name}_");
-        for pod_dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            if !pod_dir.file_name().to_string_lossy().starts_with(&prefix) {
-                continue;
-            }
-            for c in std::fs::read_dir(pod_dir.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
-                    out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
-                }
-            }
-        }
-        out
     }
 
     /// A Multus thin config as Multus' README shows it (a delegate with neither `name` nor

@@ -50,8 +50,8 @@ use serde_json::{json, Value};
 
 use api::Api;
 use pods::{
-    create_and_wait, delete_and_wait, dnat_rules, ifb_links, manifest, median, network_status,
-    wait_until_plexus_is_in_the_path,
+    create_and_wait, delete_and_wait, dnat_rules, ensure_no_hostport_left, hostport_manifest,
+    ifb_links, manifest, median, network_status, wait_until_plexus_is_in_the_path,
 };
 
 const NS: &str = "app";
@@ -597,17 +597,7 @@ impl<'a> Tier<'a> {
     /// DNAT and (calico's chain has `bandwidth`) an ifb while it runs, neither after delete.
     fn host_port_and_bandwidth(&mut self) -> Result<()> {
         let port = free_port()?;
-        let mut m = manifest(
-            NS,
-            "hostport",
-            self.node.name(),
-            "hostport",
-            Some(&json!("br-a")),
-        );
-        m["spec"]["containers"][0]["ports"] =
-            json!([{"containerPort": 8080, "hostPort": port, "protocol": "TCP"}]);
-        m["metadata"]["annotations"]["kubernetes.io/ingress-bandwidth"] = json!("10M");
-        m["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"] = json!("10M");
+        let m = hostport_manifest(NS, self.node.name(), port);
         let ifb_before = ifb_links();
         let served = self.metric("plexus_cni_requests_total", &["ADD", "ok"])?;
         create_and_wait(&self.api, &[m], Duration::from_secs(60))
@@ -631,14 +621,7 @@ impl<'a> Tier<'a> {
         let deleted = self.delete_all();
         checked?;
         deleted?;
-        ensure!(
-            dnat_rules(port).is_empty(),
-            "DNAT rule left: {:?}",
-            dnat_rules(port)
-        );
-        let left: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
-        ensure!(left.is_empty(), "ifb left: {left:?}");
-        Ok(())
+        ensure_no_hostport_left(port, &ifb_before)
     }
 
     /// Two pods (1 and 3 extra networks) deleted, their teardown (the daemon's DEL) coming while
@@ -797,7 +780,7 @@ impl<'a> Tier<'a> {
                 .iter()
                 .map(|e| format!("{} {}: {}", e["type"], e["reason"], e["message"]))
                 .collect();
-            let logs = self.container_log("kube-system", name);
+            let logs = self.node.container_log("kube-system", name);
             return Err(e.context(format!(
                 "status {}\nevents {evs:#?}\nlogs:\n{logs}",
                 p.map(|p| p["status"].clone()).unwrap_or_default()
@@ -809,7 +792,7 @@ impl<'a> Tier<'a> {
         );
         self.batch("dspod", 3, 3)?;
         self.delete_all()?;
-        let logs = self.container_log("kube-system", name);
+        let logs = self.node.container_log("kube-system", name);
         ensure!(
             logs.contains("delegates run chrooted into the host root"),
             "the pod's daemon does not chroot its delegates:\n{logs}"
@@ -905,28 +888,6 @@ impl<'a> Tier<'a> {
                         "namespace":"kube-system",
                         "labels": tpl["metadata"]["labels"]},
             "spec": spec}))
-    }
-
-    /// The container logs the kubelet wrote for pod `ns/name` (all containers).
-    fn container_log(&self, ns: &str, name: &str) -> String {
-        let mut out = String::new();
-        let prefix = format!("{ns}_{name}_");
-        let root = self.node.path("kubelet/pod-logs");
-        for pod_dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            if !pod_dir.file_name().to_string_lossy().starts_with(&prefix) {
-                continue;
-            }
-            for c in std::fs::read_dir(pod_dir.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
-                    out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
-                }
-            }
-        }
-        out
     }
 
     /// Plans and result files, leases, `cni-*` netns, veths on the bridges, libcni cache.

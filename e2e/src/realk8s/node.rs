@@ -283,6 +283,28 @@ nodeStatusUpdateFrequency: 2s
         self.dir.path().join(rel)
     }
 
+    /// The container logs the kubelet wrote for pod `ns/name` (all containers, all restarts).
+    pub fn container_log(&self, ns: &str, name: &str) -> String {
+        let mut out = String::new();
+        let prefix = format!("{ns}_{name}_");
+        let root = self.path("kubelet/pod-logs");
+        for pod_dir in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if !pod_dir.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            for c in std::fs::read_dir(pod_dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                    out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
+                }
+            }
+        }
+        out
+    }
+
     /// containerd's CNI `bin_dir` (links to Debian's plugins; plexus is installed here).
     pub fn bin_dir(&self) -> PathBuf {
         self.path("cni/bin")

@@ -273,3 +273,23 @@ pub fn dnat_rules(port: u16) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A pod (1 NAD, `br-a`) with a `hostPort` `port` and 10M ingress/egress bandwidth
+/// annotations: what portmap and bandwidth act on.
+pub fn hostport_manifest(ns: &str, node: &str, port: u16) -> Value {
+    let mut m = manifest(ns, "hostport", node, "hostport", Some(&json!("br-a")));
+    m["spec"]["containers"][0]["ports"] =
+        json!([{"containerPort": 8080, "hostPort": port, "protocol": "TCP"}]);
+    m["metadata"]["annotations"]["kubernetes.io/ingress-bandwidth"] = json!("10M");
+    m["metadata"]["annotations"]["kubernetes.io/egress-bandwidth"] = json!("10M");
+    m
+}
+
+/// After the hostPort pod is gone: no DNAT rule for `port`, no ifb beyond `ifb_before`.
+pub fn ensure_no_hostport_left(port: u16, ifb_before: &BTreeSet<String>) -> Result<()> {
+    let dnat = dnat_rules(port);
+    ensure!(dnat.is_empty(), "DNAT rule left: {dnat:?}");
+    let left: Vec<String> = ifb_links().difference(ifb_before).cloned().collect();
+    ensure!(left.is_empty(), "ifb left: {left:?}");
+    Ok(())
+}
