@@ -17,9 +17,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+mod config;
+mod host;
+
 use super::cri::Cri;
 use super::pause::{self, PAUSE_IMAGE};
-use super::{free_port, tail, ControlPlane, K8sBins, Proc};
+use super::{tail, ControlPlane, K8sBins, Proc};
+
+pub(crate) use host::mount_points;
+pub use host::{cni_netns, eth0_ipv4};
+use host::{ensure_run_netns_mounted, remove_links_into, unmount_under};
 
 /// Where Debian's CNI plugins are; the node's CNI bin dir links to them.
 pub const SYSTEM_CNI_BIN: &str = "/usr/lib/cni";
@@ -183,89 +190,6 @@ impl<'a> Node<'a> {
         let proc = Proc::spawn("kubelet", &bins.kubelet, &args, &self.path("kubelet.log"))?;
         *self.kubelet.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
         Ok(())
-    }
-
-    fn containerd_config(&self) -> String {
-        let p = |s: &str| self.path(s).display().to_string();
-        format!(
-            r#"version = 2
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "{runc_root}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-"#,
-            root = p("containerd/root"),
-            state = p("containerd/state"),
-            sock = p("containerd/containerd.sock"),
-            opt = p("containerd/opt"),
-            runc_root = p("containerd/runc"),
-            bin = self.bin_dir().display(),
-            conf = self.conf_dir().display(),
-        )
-    }
-
-    fn kubelet_config(&self) -> Result<String> {
-        let p = |s: &str| self.path(s).display().to_string();
-        Ok(format!(
-            r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-failCgroupV1: false
-cgroupDriver: cgroupfs
-cgroupRoot: "{cgroup_root}"
-containerRuntimeEndpoint: "unix://{sock}"
-address: 127.0.0.1
-port: {port}
-readOnlyPort: 0
-healthzPort: 0
-failSwapOn: false
-podLogsDir: "{logs}"
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: false}}
-authorization: {{mode: AlwaysAllow}}
-# "0%" switches a signal off. With any threshold met the kubelet reclaims by
-# deleting "unused" containers and images (the tests import theirs locally:
-# nothing can be pulled again) and refuses new pods: a nearly full disk on a test
-# machine must not turn into pods that never start.
-evictionHard: {{memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%", pid.available: "0%"}}
-evictionSoft: {{}}
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
-staticPodPath: ""
-syncFrequency: 10s
-nodeStatusUpdateFrequency: 2s
-"#,
-            cgroup_root = self.cgroup_root,
-            sock = p("containerd/containerd.sock"),
-            port = free_port()?,
-            logs = p("kubelet/pod-logs"),
-        ))
     }
 
     /// The node's name (pods set `spec.nodeName` to it).
@@ -471,102 +395,11 @@ nodeStatusUpdateFrequency: 2s
             self.dir.disable_cleanup(true);
         }
     }
-
-    /// containerd-shim-runc-v2 processes started for this containerd (they leave its process
-    /// group): killed by pid.
-    fn kill_shims(&self) {
-        let addr = self
-            .path("containerd/containerd.sock")
-            .display()
-            .to_string();
-        let Ok(rd) = std::fs::read_dir("/proc") else {
-            return;
-        };
-        for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-            let is_shim = args
-                .first()
-                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
-            if is_shim && args.contains(&addr.as_bytes()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-
-    /// The cgroup v1 hierarchies (or the v2 root) the kubelet will use.
-    fn cgroup_mounts() -> Vec<PathBuf> {
-        let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return Vec::new();
-        };
-        let mut v: Vec<PathBuf> = rd
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_dir() && !p.is_symlink() && p.join("cgroup.procs").exists())
-            .collect();
-        if Path::new("/sys/fs/cgroup/cgroup.procs").exists() {
-            v.push(PathBuf::from("/sys/fs/cgroup"));
-        }
-        v
-    }
-
-    fn make_cgroup_root(&self) -> Result<()> {
-        for m in Self::cgroup_mounts() {
-            let d = m.join(self.cgroup_root.trim_start_matches('/'));
-            std::fs::create_dir_all(&d).with_context(|| format!("mkdir {}", d.display()))?;
-            // A new cpuset cgroup starts with no CPUs and no memory nodes: copy the parent's.
-            for f in ["cpuset.cpus", "cpuset.mems"] {
-                if let Ok(v) = std::fs::read_to_string(m.join(f)) {
-                    let _ = std::fs::write(d.join(f), v.trim());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn remove_cgroup_root(&self) {
-        for m in Self::cgroup_mounts() {
-            let d = m.join(self.cgroup_root.trim_start_matches('/'));
-            if d.exists() {
-                remove_cgroup_tree(&d);
-            }
-        }
-    }
 }
 
 impl Drop for Node<'_> {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Remove the symlinks in `dir` that point under `target` (the kubelet links every container's
-/// log into the fixed /var/log/containers).
-fn remove_links_into(dir: &str, target: &Path) {
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(target)) {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
-/// rmdir a cgroup tree bottom-up (cgroup dirs hold only virtual files).
-fn remove_cgroup_tree(d: &Path) {
-    if let Ok(rd) = std::fs::read_dir(d) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    if let Err(e) = std::fs::remove_dir(d) {
-        eprintln!("realk8s node: rmdir {}: {e}", d.display());
     }
 }
 
@@ -590,74 +423,4 @@ fn node_ready(node: &Value) -> bool {
         .into_iter()
         .flatten()
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
-}
-
-/// eth0's first IPv4 address (read only; the kubelet refuses a loopback node IP).
-pub fn eth0_ipv4() -> Result<String> {
-    let out = Command::new("ip")
-        .args(["-j", "-4", "addr", "show", "dev", "eth0"])
-        .output()
-        .context("run ip")?;
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    v[0]["addr_info"][0]["local"]
-        .as_str()
-        .map(str::to_string)
-        .context("eth0 has no IPv4 address (the kubelet needs a non-loopback node IP)")
-}
-
-/// Names of the `cni-*` network namespaces in /run/netns.
-pub fn cni_netns() -> BTreeSet<String> {
-    std::fs::read_dir("/run/netns")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with("cni-"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-pub(crate) fn mount_points() -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .collect()
-}
-
-/// Make /run/netns a (shared) mount point, as `ip netns add` does on first use.
-fn ensure_run_netns_mounted() -> Result<()> {
-    if mount_points().iter().any(|m| m == "/run/netns") {
-        return Ok(());
-    }
-    let name = format!("pxnode-probe{}", std::process::id());
-    let ok = Command::new("ip")
-        .args(["netns", "add", &name])
-        .status()?
-        .success();
-    let _ = Command::new("ip").args(["netns", "del", &name]).status();
-    if !ok {
-        bail!("ip netns add {name} failed");
-    }
-    Ok(())
-}
-
-/// Unmount (lazily, deepest first) every mount under `dir`.
-fn unmount_under(dir: &Path) {
-    let prefix = dir.display().to_string();
-    // Several passes: mounts can be stacked on one path.
-    for _ in 0..5 {
-        let mut mounts: Vec<String> = mount_points()
-            .into_iter()
-            .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
-            .collect();
-        if mounts.is_empty() {
-            return;
-        }
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-    eprintln!("realk8s node: mounts left under {prefix}");
 }

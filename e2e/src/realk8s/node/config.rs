@@ -1,0 +1,94 @@
+//! The node's two config files: containerd's `config.toml` (its own root, state, socket and CNI
+//! dirs, the locally built pause image) and the kubelet's `KubeletConfiguration` (cgroupfs under
+//! the node's own cgroup root, no eviction, no image GC).
+
+use anyhow::Result;
+
+use super::super::free_port;
+use super::super::pause::PAUSE_IMAGE;
+use super::Node;
+
+impl Node<'_> {
+    pub(super) fn containerd_config(&self) -> String {
+        let p = |s: &str| self.path(s).display().to_string();
+        format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{runc_root}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+"#,
+            root = p("containerd/root"),
+            state = p("containerd/state"),
+            sock = p("containerd/containerd.sock"),
+            opt = p("containerd/opt"),
+            runc_root = p("containerd/runc"),
+            bin = self.bin_dir().display(),
+            conf = self.conf_dir().display(),
+        )
+    }
+
+    pub(super) fn kubelet_config(&self) -> Result<String> {
+        let p = |s: &str| self.path(s).display().to_string();
+        Ok(format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: "{cgroup_root}"
+containerRuntimeEndpoint: "unix://{sock}"
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzPort: 0
+failSwapOn: false
+podLogsDir: "{logs}"
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+# "0%" switches a signal off. With any threshold met the kubelet reclaims by
+# deleting "unused" containers and images (the tests import theirs locally:
+# nothing can be pulled again) and refuses new pods: a nearly full disk on a test
+# machine must not turn into pods that never start.
+evictionHard: {{memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%", imagefs.inodesFree: "0%", pid.available: "0%"}}
+evictionSoft: {{}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+staticPodPath: ""
+syncFrequency: 10s
+nodeStatusUpdateFrequency: 2s
+"#,
+            cgroup_root = self.cgroup_root,
+            sock = p("containerd/containerd.sock"),
+            port = free_port()?,
+            logs = p("kubelet/pod-logs"),
+        ))
+    }
+}
