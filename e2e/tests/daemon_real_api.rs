@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use common::*;
+use plexus_e2e::realk8s::node_rig::scrape_metric;
+use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{
     control_plane_or_skip, metrics, setup_or_report, ControlPlane, RequestCounts, Suite,
 };
@@ -87,7 +89,7 @@ impl Drop for Daemon {
 
 struct Node<'a> {
     cp: &'a ControlPlane,
-    dir: tempfile::TempDir,
+    rig: Rig<'a>,
     bridge: HostLink,
     master: HostLink,
     metrics_port: u16,
@@ -95,14 +97,14 @@ struct Node<'a> {
 
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])?;
-        cp.create_namespace("db")?;
-        let dir = tempfile::tempdir()?;
-        let token = cp.create_token("kube-system", "plexus")?;
-        cp.write_kubeconfig(&dir.path().join("kubeconfig"), &token)?;
+        let rig = Rig::builder()
+            .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])
+            .namespaces(&["db"])
+            .plexus_token(PlexusToken::Unbound)
+            .build(cp)?;
         let n = Node {
             cp,
-            dir,
+            rig,
             bridge: HostLink::bridge_name(),
             master: HostLink::veth_master(),
             metrics_port: plexus_e2e::realk8s::free_port()?,
@@ -112,7 +114,7 @@ impl<'a> Node<'a> {
     }
 
     fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
+        self.rig.path(p)
     }
 
     fn start_daemon(&self) -> Result<Daemon> {
@@ -185,16 +187,7 @@ impl<'a> Node<'a> {
 
     /// Sum of the daemon's `/metrics` series `name` whose labels contain all of `labels`.
     fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body
-            .lines()
-            .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        scrape_metric(self.metrics_port, name, labels)
     }
 
     /// Pods in the daemon's cache.

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::{ensure, Context, Result};
 use common::raw_api::{answer, kube_client};
 use common::*;
+use plexus_e2e::realk8s::rig::{plexus_kubeconfig, PlexusToken, Rig};
 use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, Suite};
 use serde_json::{json, Value};
 
@@ -24,7 +25,7 @@ fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let Some(rig) = setup_or_report("real_admission", &cp, Rig::new(&cp)) else {
+    let Some(rig) = setup_or_report("real_admission", &cp, AdmissionRig::new(&cp)) else {
         return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_admission");
@@ -53,52 +54,37 @@ fn own_node_name() -> String {
     "plexus-node-a".to_string()
 }
 
-struct Rig<'a> {
+struct AdmissionRig<'a> {
     cp: &'a ControlPlane,
-    dir: tempfile::TempDir,
+    rig: Rig<'a>,
     bridge: HostLink,
     master: HostLink,
     node: String,
 }
 
-impl<'a> Rig<'a> {
-    fn new(cp: &'a ControlPlane) -> Result<Rig<'a>> {
-        cp.apply_deploy(&[
-            "nad-crd.yaml",
-            "rbac.yaml",
-            "rbac-dra.yaml",
-            "admission/node-restriction.yaml",
-        ])?;
-        cp.create_namespace("bank")?;
+impl<'a> AdmissionRig<'a> {
+    fn new(cp: &'a ControlPlane) -> Result<AdmissionRig<'a>> {
         let node = own_node_name();
         ensure!(!node.is_empty(), "no host name");
-        for n in [node.as_str(), OTHER_NODE] {
-            cp.apply(&json!({"apiVersion":"v1","kind":"Node","metadata":{"name":n}}).to_string())?;
-        }
-        let dir = tempfile::tempdir()?;
         // plexus' DaemonSet pod on this node, and its bound token (as the kubelet projects it).
-        cp.apply(&json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"plexus-ds","namespace":"kube-system"},
-            "spec":{"nodeName":node,"serviceAccountName":"plexus","automountServiceAccountToken":false,
-                    "containers":[{"name":"plexus","image":"plexus"}]}}).to_string())?;
-        let bound = cp.kubectl(&[
-            "create",
-            "token",
-            "plexus",
-            "-n",
-            "kube-system",
-            "--bound-object-kind",
-            "Pod",
-            "--bound-object-name",
-            "plexus-ds",
-            "--duration",
-            "1h",
-        ])?;
-        cp.write_kubeconfig(&dir.path().join("kubeconfig"), bound.trim())?;
-        let unbound = cp.create_token("kube-system", "plexus")?;
-        cp.write_kubeconfig(&dir.path().join("unbound.kubeconfig"), &unbound)?;
-        let rig = Rig {
+        let rig = Rig::builder()
+            .deploy(&[
+                "nad-crd.yaml",
+                "rbac.yaml",
+                "rbac-dra.yaml",
+                "admission/node-restriction.yaml",
+            ])
+            .namespaces(&["bank"])
+            .node_objects(&[node.as_str(), OTHER_NODE])
+            .plexus_token(PlexusToken::BoundToPod {
+                node: node.clone(),
+                pod: "plexus-ds".into(),
+            })
+            .build(cp)?;
+        plexus_kubeconfig(cp, &rig.path("unbound.kubeconfig"), &PlexusToken::Unbound)?;
+        let rig = AdmissionRig {
             cp,
-            dir,
+            rig,
             bridge: HostLink::bridge_name(),
             master: HostLink::veth_master(),
             node,
@@ -112,7 +98,7 @@ impl<'a> Rig<'a> {
     }
 
     fn p(&self, s: &str) -> PathBuf {
-        self.dir.path().join(s)
+        self.rig.path(s)
     }
 
     fn pod(&self, name: &str, node: &str) -> Result<String> {
@@ -152,7 +138,7 @@ impl<'a> Rig<'a> {
     }
 }
 
-fn own_node(rig: &Rig<'_>) -> Result<()> {
+fn own_node(rig: &AdmissionRig<'_>) -> Result<()> {
     let uid = rig.pod("pg-own", &rig.node.clone())?;
     let ns = Netns::new();
     let add = rig.plexus("ADD", "pg-own", &uid, &ns.path());
@@ -179,7 +165,7 @@ fn own_node(rig: &Rig<'_>) -> Result<()> {
     Ok(())
 }
 
-fn other_node(rig: &Rig<'_>) -> Result<()> {
+fn other_node(rig: &AdmissionRig<'_>) -> Result<()> {
     let uid = rig.pod("pg-far", OTHER_NODE)?;
     let ns = Netns::new();
     let add = rig.plexus("ADD", "pg-far", &uid, &ns.path());
@@ -200,7 +186,7 @@ fn other_node(rig: &Rig<'_>) -> Result<()> {
     Ok(())
 }
 
-fn direct_writes(rig: &Rig<'_>) -> Result<()> {
+fn direct_writes(rig: &AdmissionRig<'_>) -> Result<()> {
     rig.pod("pg-a", &rig.node.clone())?;
     rig.pod("pg-b", OTHER_NODE)?;
     // A claim allocated on each node (as the scheduler writes it).
@@ -263,7 +249,7 @@ fn direct_writes(rig: &Rig<'_>) -> Result<()> {
 
 /// Every YAML manifest in the user docs and in `deploy/examples/` is valid for the real API
 /// server (server-side dry run: schema, CRD validation, admission), with this tier's CRD.
-fn doc_manifests(rig: &Rig<'_>) -> Result<()> {
+fn doc_manifests(rig: &AdmissionRig<'_>) -> Result<()> {
     let mut manifests: Vec<(String, String)> = Vec::new();
     for doc in user_documents() {
         let text = std::fs::read_to_string(&doc)?;

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use anyhow::{ensure, Context, Result};
 use common::raw_api::{answer, kube_client};
 use common::*;
+use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{
     control_plane_or_skip, metrics, setup_or_report, ControlPlane, RequestCounts, RequestKey, Suite,
 };
@@ -86,7 +87,7 @@ fn main() -> ExitCode {
 /// The node side: plexus' state dirs and kubeconfig, a default bridge network, a macvlan master.
 struct Node<'a> {
     cp: &'a ControlPlane,
-    dir: tempfile::TempDir,
+    rig: Rig<'a>,
     bridge: HostLink,
     master: HostLink,
     octet: u8,
@@ -94,16 +95,14 @@ struct Node<'a> {
 
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml"])?;
-        for ns in ["db", "other"] {
-            cp.create_namespace(ns)?;
-        }
-        let dir = tempfile::tempdir()?;
-        let token = cp.create_token("kube-system", "plexus")?;
-        cp.write_kubeconfig(&dir.path().join("kubeconfig"), &token)?;
+        let rig = Rig::builder()
+            .deploy(&["nad-crd.yaml", "rbac.yaml"])
+            .namespaces(&["db", "other"])
+            .plexus_token(PlexusToken::Unbound)
+            .build(cp)?;
         Ok(Node {
             cp,
-            dir,
+            rig,
             bridge: HostLink::bridge_name(),
             master: HostLink::veth_master(),
             octet: 51,
@@ -111,7 +110,7 @@ impl<'a> Node<'a> {
     }
 
     fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
+        self.rig.path(p)
     }
 
     fn config(&self, extra: &Value) -> Value {

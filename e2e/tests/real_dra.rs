@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::{ensure, Context, Result};
 use common::*;
+use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{control_plane_or_skip, metrics, setup_or_report, ControlPlane, Suite};
 use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
 use plexus_sriov::pf_fake::{FakePfState, FilePf};
@@ -42,7 +43,7 @@ fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let Some(rig) = setup_or_report("real_dra", &cp, Rig::new(&cp)) else {
+    let Some(rig) = setup_or_report("real_dra", &cp, DraRig::new(&cp)) else {
         return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_dra");
@@ -71,38 +72,26 @@ fn main() -> ExitCode {
 }
 
 /// The node side: fake SR-IOV hardware, plexus' dirs and kubeconfig, the NADs and DRA objects.
-struct Rig<'a> {
+struct DraRig<'a> {
     cp: &'a ControlPlane,
-    dir: tempfile::TempDir,
+    rig: Rig<'a>,
     host: Netns,
     bridge: HostLink,
 }
 
-impl<'a> Rig<'a> {
-    fn new(cp: &'a ControlPlane) -> Result<Rig<'a>> {
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-dra.yaml"])?;
-        cp.create_namespace("bank")?;
-        let dir = tempfile::tempdir()?;
+impl<'a> DraRig<'a> {
+    fn new(cp: &'a ControlPlane) -> Result<DraRig<'a>> {
         // As in the DaemonSet: plexus' token is bound to its pod on this node, so the API
         // server knows the node it speaks for (authentication.kubernetes.io/node-name).
-        cp.apply(&json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE}}).to_string())?;
-        cp.apply(&json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"plexus-node-a","namespace":"kube-system"},
-            "spec":{"nodeName":NODE,"serviceAccountName":"plexus","automountServiceAccountToken":false,
-                    "containers":[{"name":"plexus","image":"plexus"}]}}).to_string())?;
-        let token = cp.kubectl(&[
-            "create",
-            "token",
-            "plexus",
-            "-n",
-            "kube-system",
-            "--bound-object-kind",
-            "Pod",
-            "--bound-object-name",
-            "plexus-node-a",
-            "--duration",
-            "1h",
-        ])?;
-        cp.write_kubeconfig(&dir.path().join("kubeconfig"), token.trim())?;
+        let rig = Rig::builder()
+            .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-dra.yaml"])
+            .namespaces(&["bank"])
+            .plexus_token(PlexusToken::BoundToPod {
+                node: NODE.into(),
+                pod: "plexus-node-a".into(),
+            })
+            .build(cp)?;
+        let dir = rig.dir();
         let host = Netns::new();
         let mut fake_vfs = Vec::new();
         for (i, (pci, dev, _)) in VFS.iter().enumerate() {
@@ -121,12 +110,12 @@ impl<'a> Rig<'a> {
             host.ip(&["link", "set", &format!("{dev}p"), "up"]);
             fake_vfs.push(FakeVf::netdev(pci, dev));
         }
-        FakeSysfs::new(&dir.path().join("sys")).add_pf(PF_PCI, PF, &fake_vfs)?;
+        FakeSysfs::new(&dir.join("sys")).add_pf(PF_PCI, PF, &fake_vfs)?;
         FilePf::create(
-            &dir.path().join("pf.json"),
+            &dir.join("pf.json"),
             &FakePfState::with_pf(PF, VFS.len()),
         )?;
-        let bindir = dir.path().join("bin");
+        let bindir = dir.join("bin");
         std::fs::create_dir_all(&bindir)?;
         std::fs::write(
             bindir.join("sriov"),
@@ -140,9 +129,9 @@ impl<'a> Rig<'a> {
             bindir.join("sriov"),
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )?;
-        let rig = Rig {
+        let rig = DraRig {
             cp,
-            dir,
+            rig,
             host,
             bridge: HostLink::bridge_name(),
         };
@@ -156,7 +145,7 @@ impl<'a> Rig<'a> {
     }
 
     fn p(&self, s: &str) -> PathBuf {
-        self.dir.path().join(s)
+        self.rig.path(s)
     }
 
     fn nad(&self, name: &str, resource: &str, extra: Value) -> Result<()> {
@@ -357,7 +346,7 @@ fn dra_requests(cp: &ControlPlane, f: impl FnOnce()) -> Result<metrics::RequestC
     ))
 }
 
-fn dra_bank(rig: &Rig<'_>) -> Result<()> {
+fn dra_bank(rig: &DraRig<'_>) -> Result<()> {
     let before_pf = rig.pf_side();
     rig.claim("pg-vfs", &["vf-1", "vf-2", "vf-0", "vf-3"], true)?;
     let uid = rig.pod("pg-dra", "vf-a1,vf-a2,vf-b", Some("pg-vfs"))?;
@@ -456,7 +445,7 @@ fn dra_bank(rig: &Rig<'_>) -> Result<()> {
 
 /// The kubelet's pod-resources API reports the claim's prepared devices (dynamic_resources):
 /// plexus reads only the slices for their attributes, no claim.
-fn dra_kubelet_named(rig: &Rig<'_>) -> Result<()> {
+fn dra_kubelet_named(rig: &DraRig<'_>) -> Result<()> {
     use plexus_e2e::fake_kubelet::{FakeKubelet, FakeKubeletOptions, FakePod};
     let before_pf = rig.pf_side();
     rig.claim("pg-named", &["vf-2"], true)?;
@@ -496,7 +485,7 @@ fn dra_kubelet_named(rig: &Rig<'_>) -> Result<()> {
     Ok(())
 }
 
-fn device_plugin_bank(rig: &Rig<'_>) -> Result<()> {
+fn device_plugin_bank(rig: &DraRig<'_>) -> Result<()> {
     let before_pf = rig.pf_side();
     let uid = rig.pod("pg-dp", "vf-a1,vf-b", None)?;
     // The kubelet's device-manager checkpoint (no pod-resources socket on this node).
@@ -562,7 +551,7 @@ fn device_plugin_bank(rig: &Rig<'_>) -> Result<()> {
     Ok(())
 }
 
-fn dra_errors(rig: &Rig<'_>) -> Result<()> {
+fn dra_errors(rig: &DraRig<'_>) -> Result<()> {
     let before_pf = rig.pf_side();
     let cases: [(&str, &[&str], bool, &str, &str); 3] = [
         (
@@ -605,7 +594,7 @@ fn dra_errors(rig: &Rig<'_>) -> Result<()> {
 /// A pod whose extended resource `intel.com/sriov_a` was satisfied through DRA
 /// (`status.extendedResourceClaimStatus`), but the device the claim got says it is of another
 /// resource: refused, naming both.
-fn extended_mismatch(rig: &Rig<'_>) -> Result<()> {
+fn extended_mismatch(rig: &DraRig<'_>) -> Result<()> {
     let before_pf = rig.pf_side();
     rig.claim("pg-ext", &["vf-2"], true)?;
     // The container asks for the extended resource; the scheduler satisfied it through DRA.
@@ -654,7 +643,7 @@ fn extended_mismatch(rig: &Rig<'_>) -> Result<()> {
 /// (apiGroup, resource[/subresource], verb).
 type Right = (String, String, String);
 
-fn dra_rbac_exact(rig: &Rig<'_>) -> Result<()> {
+fn dra_rbac_exact(rig: &DraRig<'_>) -> Result<()> {
     let used: BTreeSet<Right> = rig
         .cp
         .audit()

@@ -26,6 +26,10 @@
 //! }
 //! ```
 //!
+//! What a tier sets up on top of the control plane — `deploy/` manifests, namespaces, plexus'
+//! token and kubeconfig, the control loops, a node with its overlay, install.sh, the daemon — is
+//! the one rig in [`rig`] and [`node_rig`]; every real tier uses it.
+//!
 //! Processes run in their own process groups and are killed on drop (and by `SIGKILL` if the
 //! thread that started them dies): create the control plane on the main thread. Its directory
 //! (certificates, `apiserver.log`, `audit.log`, kubeconfigs) is removed on drop unless
@@ -38,11 +42,13 @@ mod https;
 pub mod image;
 pub mod metrics;
 pub mod node;
+pub mod node_rig;
 pub mod overlay;
 pub mod overlay_hostroot;
 pub mod pause;
 pub mod pki;
 mod proc;
+pub mod rig;
 pub mod runtime_log;
 mod suite;
 

@@ -1,0 +1,283 @@
+//! The node side of the one rig (see [`super::rig`]) for the node tiers: a [`Node`] with its
+//! cluster network ([`OverlayNode`]), which overlays a run's filter selects
+//! ([`selected_overlays`]), plexus installed by `deploy/install.sh` with a DaemonSet
+//! container's command and environment ([`InstallSh`]), and `plexus-daemon` as a process of the
+//! node ([`PlexusDaemon`], with its `/metrics`).
+
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+use super::node::{wait_for, Node};
+use super::overlay::{Kind, Overlay};
+use super::{tail, ControlPlane, Proc};
+
+/// The overlays of `list` (kind, pod-range octet, full case list) a run's filter selects: a
+/// filter naming an overlay (`calico/…`, the first non-flag argument) leaves out the others, so
+/// their nodes are not started.
+pub fn selected_overlays(list: &[(Kind, u8, bool)]) -> Vec<(Kind, u8, bool)> {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    list.iter()
+        .copied()
+        .filter(|(kind, _, _)| {
+            let k = kind.name();
+            !filter
+                .as_deref()
+                .is_some_and(|f| f.contains('/') && !f.starts_with(&format!("{k}/")))
+        })
+        .collect()
+}
+
+/// A running node with its cluster network laid out (see [`super::overlay`]).
+pub struct OverlayNode<'a> {
+    /// containerd + kubelet.
+    pub node: Node<'a>,
+    /// The cluster network.
+    pub overlay: Overlay,
+}
+
+impl<'a> OverlayNode<'a> {
+    /// Overlay `kind` (pods in `10.<octet>.0.0/16`, host links named from `tag`), node `name`
+    /// started with its conflist, then the overlay started on it; `links` are host links the
+    /// node deletes when it stops.
+    pub fn start(
+        cp: &'a ControlPlane,
+        kind: Kind,
+        octet: u8,
+        tag: &str,
+        name: &str,
+        links: &[String],
+    ) -> Result<OverlayNode<'a>> {
+        let mut overlay = Overlay::new(kind, octet, tag)?;
+        let node = Node::start(cp, cp.bins(), name, overlay.conf_name(), &|dir: &Path| {
+            overlay.conflist(dir)
+        })?;
+        overlay.start(cp, &node)?;
+        for l in links {
+            node.own_link(l);
+        }
+        Ok(OverlayNode { node, overlay })
+    }
+
+    /// Stop the overlay, then the node (idempotent; the node also stops on drop).
+    pub fn stop(&mut self) {
+        self.overlay.stop();
+        self.node.stop();
+    }
+}
+
+/// `<repo>/<p>`
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+/// `deploy/install.sh` run on a node as a DaemonSet's install container runs it: its command
+/// and environment as the apiserver stored them, what the pod's volumes and ServiceAccount give
+/// it mapped to the node's directories (hostPath /opt/cni/bin → the node's bin dir,
+/// /etc/cni/net.d → its conf dir, the projected token and CA → `<node>/serviceaccount`, the
+/// image's binaries → `<node>/image-bin`), the DaemonSet's emptyDir ready file →
+/// `<node>/install-state/ready`.
+pub struct InstallSh {
+    /// The container's `command` (`/install.sh` and its arguments).
+    pub command: Vec<String>,
+    /// The container's environment (`PLEXUS_EXTRA_CONFIG` left out: see [`InstallSh::extra`]).
+    pub env: Vec<(String, String)>,
+    /// The container's `PLEXUS_EXTRA_CONFIG`, parsed (`{}` when unset).
+    pub extra: Value,
+}
+
+impl InstallSh {
+    /// From container `container` of DaemonSet `kube-system/<daemonset>`; an error unless it
+    /// runs `/install.sh`.
+    pub fn from_daemonset(cp: &ControlPlane, daemonset: &str, container: &str) -> Result<Self> {
+        let ds: Value = serde_json::from_str(&cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "daemonset",
+            daemonset,
+            "-o",
+            "json",
+        ])?)?;
+        let spec = &ds["spec"]["template"]["spec"];
+        let c = spec["initContainers"]
+            .as_array()
+            .into_iter()
+            .chain(spec["containers"].as_array())
+            .flatten()
+            .find(|c| c["name"] == container)
+            .with_context(|| format!("DaemonSet {daemonset} has no container {container}"))?;
+        Self::from_container(c)
+    }
+
+    /// From a container spec; an error unless it runs `/install.sh`.
+    pub fn from_container(c: &Value) -> Result<Self> {
+        let command: Vec<String> = c["command"]
+            .as_array()
+            .context("the install container has no command")?
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        ensure!(
+            command.first().map(String::as_str) == Some("/install.sh"),
+            "{command:?}"
+        );
+        let mut env = Vec::new();
+        let mut extra = serde_json::json!({});
+        for e in c["env"].as_array().into_iter().flatten() {
+            let (k, v) = (
+                e["name"].as_str().unwrap_or("").to_string(),
+                e["value"].as_str().unwrap_or("").to_string(),
+            );
+            if k == "PLEXUS_EXTRA_CONFIG" {
+                extra = serde_json::from_str(&v).context("PLEXUS_EXTRA_CONFIG")?;
+            } else {
+                env.push((k, v));
+            }
+        }
+        Ok(InstallSh {
+            command,
+            env,
+            extra,
+        })
+    }
+
+    /// The ready file the installer writes (the DaemonSet's emptyDir, here a node dir).
+    pub fn ready_file(node: &Node<'_>) -> PathBuf {
+        node.path("install-state/ready")
+    }
+
+    /// Start install.sh on `node` with `token` as the pod's projected token, `binaries` (name,
+    /// file) as the image's, `extra` as `PLEXUS_EXTRA_CONFIG`; its log is `<node>/installer.log`.
+    /// The caller waits for what it needs (the config, [`InstallSh::ready_file`]).
+    pub fn spawn(
+        &self,
+        cp: &ControlPlane,
+        node: &Node<'_>,
+        token: &str,
+        binaries: &[(&str, PathBuf)],
+        extra: &Value,
+    ) -> Result<Proc> {
+        let sa = node.path("serviceaccount");
+        std::fs::create_dir_all(&sa)?;
+        std::fs::write(sa.join("token"), token)?;
+        std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
+        let src = node.path("image-bin");
+        std::fs::create_dir_all(&src)?;
+        for (name, file) in binaries {
+            std::fs::copy(file, src.join(name))
+                .with_context(|| format!("copy {} into the image dir", file.display()))?;
+        }
+        let conf = node.conf_dir().display().to_string();
+        let p = |p: &Path| p.display().to_string();
+        let mut env = self.env.clone();
+        // Later assignments win in `env`.
+        env.extend([
+            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT".into(), cp.port().to_string()),
+            ("PLEXUS_SRC_DIR".into(), p(&src)),
+            ("PLEXUS_BIN_DIR".into(), p(&node.bin_dir())),
+            ("PLEXUS_CONF_DIR".into(), conf.clone()),
+            ("PLEXUS_HOST_CONF_DIR".into(), conf),
+            ("PLEXUS_TOKEN_FILE".into(), p(&sa.join("token"))),
+            ("PLEXUS_CA_FILE".into(), p(&sa.join("ca.crt"))),
+            ("PLEXUS_LOG_FILE".into(), p(&node.path("plexus.log"))),
+            ("PLEXUS_READY_FILE".into(), p(&Self::ready_file(node))),
+            ("PLEXUS_EXTRA_CONFIG".into(), extra.to_string()),
+        ]);
+        let mut args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        args.push("sh".into());
+        args.push(p(&repo("deploy/install.sh")));
+        args.extend(self.command[1..].iter().cloned());
+        Proc::spawn(
+            "install.sh",
+            Path::new("env"),
+            &args,
+            &node.path("installer.log"),
+        )
+    }
+}
+
+/// `plexus-daemon` as a process of a node (the DaemonSet's daemon container runs it), with its
+/// readiness file and log in a directory of the node's; stopped (SIGTERM) on drop.
+pub struct PlexusDaemon {
+    proc: Proc,
+    metrics_port: u16,
+}
+
+/// Where and how a [`PlexusDaemon`] runs.
+pub struct DaemonOpts<'p> {
+    /// The daemon binary.
+    pub bin: &'p Path,
+    /// Its socket.
+    pub socket: &'p Path,
+    /// Its kubeconfig.
+    pub kubeconfig: &'p Path,
+    /// `--node`.
+    pub node: &'p str,
+    /// `daemon.ready` and `daemon.log` go here.
+    pub dir: &'p Path,
+    /// `/metrics` on `127.0.0.1:<port>`.
+    pub metrics_port: u16,
+}
+
+impl PlexusDaemon {
+    /// Start it and wait (20 s) for its readiness file; an error carries its log's tail.
+    pub fn start(o: &DaemonOpts<'_>) -> Result<PlexusDaemon> {
+        let ready = o.dir.join("daemon.ready");
+        let _ = std::fs::remove_file(&ready);
+        let p = |p: &Path| p.display().to_string();
+        let args = vec![
+            "--socket".to_string(),
+            p(o.socket),
+            "--kubeconfig".into(),
+            p(o.kubeconfig),
+            "--node".into(),
+            o.node.into(),
+            "--readiness-file".into(),
+            p(&ready),
+            "--metrics-address".into(),
+            format!("127.0.0.1:{}", o.metrics_port),
+        ];
+        let log = o.dir.join("daemon.log");
+        let proc = Proc::spawn("plexus-daemon", o.bin, &args, &log)?;
+        wait_for(
+            "the daemon's readiness file",
+            Duration::from_secs(20),
+            || Ok(ready.exists()),
+        )
+        .with_context(|| tail(&log, 20))?;
+        Ok(PlexusDaemon {
+            proc,
+            metrics_port: o.metrics_port,
+        })
+    }
+
+    /// SIGTERM, SIGKILL after 10 s.
+    pub fn stop(mut self) {
+        self.proc.stop(Duration::from_secs(10));
+    }
+
+    /// Sum of its `/metrics` series `name` whose labels contain all of `labels`.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        scrape_metric(self.metrics_port, name, labels)
+    }
+}
+
+/// Sum of the series `name` on `http://127.0.0.1:<port>/metrics` whose line contains all of
+/// `labels`.
+pub fn scrape_metric(port: u16, name: &str, labels: &[&str]) -> Result<f64> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connect to the metrics port {port}"))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
