@@ -111,10 +111,7 @@ impl<'a> DraRig<'a> {
             fake_vfs.push(FakeVf::netdev(pci, dev));
         }
         FakeSysfs::new(&dir.join("sys")).add_pf(PF_PCI, PF, &fake_vfs)?;
-        FilePf::create(
-            &dir.join("pf.json"),
-            &FakePfState::with_pf(PF, VFS.len()),
-        )?;
+        FilePf::create(&dir.join("pf.json"), &FakePfState::with_pf(PF, VFS.len()))?;
         let bindir = dir.join("bin");
         std::fs::create_dir_all(&bindir)?;
         std::fs::write(

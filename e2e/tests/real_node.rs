@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node};
+use plexus_e2e::realk8s::node_rig::{selected_overlays, InstallSh, OverlayNode};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
+use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtime_log;
-use plexus_e2e::realk8s::{
-    control_plane_or_skip, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
-};
+use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, Proc, Suite};
 use serde_json::{json, Value};
 
 use api::Api;
@@ -54,17 +54,18 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     };
     let mut suite = Suite::new("real_node");
-    // The full case list on flannel, a compact one on calico (the daemon tier swaps them).
-    for (kind, octet, full) in [(Kind::Flannel, 244, true), (Kind::Calico, 240, false)] {
-        let k = kind.name();
-        // A filter naming the other overlay (`calico/…`): no node for this one.
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-        if filter.is_some_and(|f| f.contains('/') && !f.starts_with(&format!("{k}/"))) {
-            continue;
-        }
-        let started =
-            Overlay::new(kind, octet, &link(&k[..1])).and_then(|o| Tier::start(&cp, cp.bins(), o));
-        let Some(mut tier) = setup_or_report("real_node", &cp, started) else {
+    // No controller-manager: the namespaces' default ServiceAccount and CA ConfigMap.
+    let rig = Rig::builder().namespaces(&[NS, "default"]).build(&cp);
+    let Some(_rig) = setup_or_report("real_node", &cp, rig) else {
+        return ExitCode::FAILURE;
+    };
+    // The full case list on flannel, a compact one on calico (the daemon tier swaps them); a
+    // filter naming one overlay (`calico/…`) starts no node for the other.
+    for (kind, octet, full) in
+        selected_overlays(&[(Kind::Flannel, 244, true), (Kind::Calico, 240, false)])
+    {
+        let Some(mut tier) = setup_or_report("real_node", &cp, Tier::start(&cp, kind, octet))
+        else {
             return ExitCode::FAILURE;
         };
         run_cases(&mut suite, &mut tier, full);
@@ -176,30 +177,25 @@ fn link(suffix: &str) -> String {
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane, bins: &K8sBins, mut overlay: Overlay) -> Result<Tier<'a>> {
-        let k = overlay.kind().name();
+    fn start(cp: &'a ControlPlane, kind: Kind, octet: u8) -> Result<Tier<'a>> {
+        let k = kind.name();
         let bridges = vec![
             link(&format!("{}a", &k[..1])),
             link(&format!("{}b", &k[..1])),
             link(&format!("{}u", &k[..1])),
         ];
         let master = link(&format!("{}m", &k[..1]));
-        // No controller-manager: the namespaces' default ServiceAccount and CA ConfigMap.
-        for ns in [NS, "default"] {
-            cp.create_namespace(ns)?;
-        }
-        let node = Node::start(
+        let mut links = vec![master.clone()];
+        links.extend(bridges.iter().cloned());
+        links.push(format!("{master}p"));
+        let OverlayNode { node, overlay } = OverlayNode::start(
             cp,
-            bins,
+            kind,
+            octet,
+            &link(&k[..1]),
             &format!("plexus-node-{k}"),
-            overlay.conf_name(),
-            &|dir: &Path| overlay.conflist(dir),
+            &links,
         )?;
-        overlay.start(cp, &node)?;
-        for l in std::iter::once(&master).chain(bridges.iter()) {
-            node.own_link(l);
-        }
-        node.own_link(&format!("{master}p"));
         // The macvlan master: a veth pair of the test's own.
         let ok = Command::new("ip")
             .args(["link", "add", &master, "type", "veth", "peer", "name"])
@@ -265,78 +261,16 @@ impl<'a> Tier<'a> {
         cp.kubectl(&["get", "clusterrole,clusterrolebinding", "plexus"])?;
         cp.kubectl(&["-n", "default", "get", "net-attach-def", "macvlan-conf"])?;
 
-        // The DaemonSet's command and environment, as the apiserver stored them.
-        let ds: Value = serde_json::from_str(&cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "daemonset",
-            "kube-plexus-ds",
-            "-o",
-            "json",
-        ])?)?;
-        let c = &ds["spec"]["template"]["spec"]["containers"][0];
-        let command: Vec<String> = c["command"]
-            .as_array()
-            .context("DaemonSet container has no command")?
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect();
-        ensure!(
-            command.first().map(String::as_str) == Some("/install.sh"),
-            "{command:?}"
-        );
-        let mut env: Vec<(String, String)> = c["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e["name"].as_str().unwrap_or("").to_string(),
-                    e["value"].as_str().unwrap_or("").to_string(),
-                )
-            })
-            .collect();
-        // What the DaemonSet's volumes and the service account give the container, mapped to
-        // the node's directories (hostPath /opt/cni/bin → bin dir, /etc/cni/net.d → conf dir).
-        let sa = self.node.path("serviceaccount");
-        std::fs::create_dir_all(&sa)?;
-        let token = cp.create_token("kube-system", "plexus")?;
-        std::fs::write(sa.join("token"), &token)?;
-        std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
-        let src = self.node.path("image-bin");
-        std::fs::create_dir_all(&src)?;
-        for b in ["plexus", "sriov"] {
-            std::fs::copy(common::bin(b), src.join(b))?;
-        }
-        let conf = self.node.conf_dir().display().to_string();
-        let p = |p: &Path| p.display().to_string();
-        env.extend([
-            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
-            ("KUBERNETES_SERVICE_PORT".into(), cp.port().to_string()),
-            ("PLEXUS_SRC_DIR".into(), p(&src)),
-            ("PLEXUS_BIN_DIR".into(), p(&self.node.bin_dir())),
-            ("PLEXUS_CONF_DIR".into(), conf.clone()),
-            ("PLEXUS_HOST_CONF_DIR".into(), conf),
-            ("PLEXUS_TOKEN_FILE".into(), p(&sa.join("token"))),
-            ("PLEXUS_CA_FILE".into(), p(&sa.join("ca.crt"))),
-            ("PLEXUS_LOG_FILE".into(), p(&self.node.path("plexus.log"))),
-            // The DaemonSet's emptyDir, here a node dir (later assignments win in `env`).
-            (
-                "PLEXUS_READY_FILE".into(),
-                p(&self.node.path("install-state/ready")),
-            ),
-            (
-                "PLEXUS_EXTRA_CONFIG".into(),
-                self.extra_config().to_string(),
-            ),
-        ]);
-        let mut args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        args.push("sh".into());
-        args.push(p(&repo("deploy/install.sh")));
-        args.extend(command[1..].iter().cloned());
+        // The DaemonSet's command and environment, as the apiserver stored them, run on the
+        // node's directories.
+        let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
+        let token = plexus_token(cp, &PlexusToken::Unbound)?;
+        let binaries = [
+            ("plexus", common::bin("plexus")),
+            ("sriov", common::bin("sriov")),
+        ];
+        let proc = install.spawn(cp, &self.node, &token, &binaries, &self.extra_config())?;
         let log = self.node.path("installer.log");
-        let proc = Proc::spawn("install.sh", Path::new("env"), &args, &log)?;
         self.installer = Some(proc);
         let final_conf = self.plexus_conf();
         wait_for(
@@ -345,7 +279,7 @@ impl<'a> Tier<'a> {
             || Ok(final_conf.exists()),
         )
         .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
-        let ready = self.node.path("install-state/ready");
+        let ready = InstallSh::ready_file(&self.node);
         wait_for(
             "the installer's ready file",
             Duration::from_secs(30),

@@ -32,7 +32,6 @@ mod common;
 #[path = "real_node/pods.rs"]
 mod pods;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,11 +39,15 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{wait_for, Node};
+use plexus_e2e::realk8s::node_rig::{
+    scrape_metric, selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
+use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtime_log;
 use plexus_e2e::realk8s::{
-    control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
+    control_plane_or_skip, free_port, setup_or_report, ControlPlane, Proc, Suite,
 };
 use serde_json::{json, Value};
 
@@ -61,14 +64,15 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     };
     let mut suite = Suite::new("real_node_daemon");
-    for (kind, octet, full) in [(Kind::Calico, 241, true), (Kind::Flannel, 245, false)] {
-        let k = kind.name();
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-        if filter.is_some_and(|f| f.contains('/') && !f.starts_with(&format!("{k}/"))) {
-            continue;
-        }
-        let started =
-            Overlay::new(kind, octet, &link(&k[..1])).and_then(|o| Tier::start(&cp, cp.bins(), o));
+    // No controller-manager: the namespaces' default ServiceAccount and CA ConfigMap.
+    let rig = Rig::builder().namespaces(&[NS, "default"]).build(&cp);
+    let Some(_rig) = setup_or_report("real_node_daemon", &cp, rig) else {
+        return ExitCode::FAILURE;
+    };
+    for (kind, octet, full) in
+        selected_overlays(&[(Kind::Calico, 241, true), (Kind::Flannel, 245, false)])
+    {
+        let started = Tier::start(&cp, kind, octet);
         let Some(mut tier) = setup_or_report("real_node_daemon", &cp, started) else {
             return ExitCode::FAILURE;
         };
@@ -161,7 +165,7 @@ struct Tier<'a> {
     cp: &'a ControlPlane,
     node: Node<'a>,
     api: Api,
-    daemon: Option<Proc>,
+    daemon: Option<PlexusDaemon>,
     installer: Option<Proc>,
     metrics_port: u16,
     /// The cluster network.
@@ -177,27 +181,21 @@ struct Tier<'a> {
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane, bins: &K8sBins, mut overlay: Overlay) -> Result<Tier<'a>> {
-        let k = overlay.kind().name();
+    fn start(cp: &'a ControlPlane, kind: Kind, octet: u8) -> Result<Tier<'a>> {
+        let k = kind.name();
         let bridges = vec![
             link(&format!("{}a", &k[..1])),
             link(&format!("{}b", &k[..1])),
             link(&format!("{}c", &k[..1])),
         ];
-        for ns in [NS, "default"] {
-            cp.create_namespace(ns)?;
-        }
-        let node = Node::start(
+        let OverlayNode { node, overlay } = OverlayNode::start(
             cp,
-            bins,
+            kind,
+            octet,
+            &link(&k[..1]),
             &format!("plexus-dnode-{k}"),
-            overlay.conf_name(),
-            &|dir: &Path| overlay.conflist(dir),
+            &bridges,
         )?;
-        overlay.start(cp, &node)?;
-        for b in &bridges {
-            node.own_link(b);
-        }
         let api = Api::new(&cp.admin_kubeconfig())?;
         Ok(Tier {
             cp,
@@ -236,51 +234,29 @@ impl<'a> Tier<'a> {
     /// Start `plexus-daemon` (the DaemonSet's daemon container runs it) on the node and wait
     /// for its readiness file.
     fn start_daemon(&mut self) -> Result<()> {
-        let ready = self.node.path("daemon.ready");
-        let _ = std::fs::remove_file(&ready);
-        let p = |p: PathBuf| p.display().to_string();
-        let args = vec![
-            "--socket".to_string(),
-            p(self.socket()),
-            "--kubeconfig".into(),
-            p(self.node.path("daemon.kubeconfig")),
-            "--node".into(),
-            self.node.name().into(),
-            "--readiness-file".into(),
-            p(ready.clone()),
-            "--metrics-address".into(),
-            format!("127.0.0.1:{}", self.metrics_port),
-        ];
-        let log = self.node.path("daemon.log");
-        let daemon = common::bin("plexus-daemon");
-        self.daemon = Some(Proc::spawn("plexus-daemon", &daemon, &args, &log)?);
-        wait_for(
-            "the daemon's readiness file",
-            Duration::from_secs(20),
-            || Ok(ready.exists()),
-        )
-        .with_context(|| plexus_e2e::realk8s::tail(&log, 20))
+        let kubeconfig = self.node.path("daemon.kubeconfig");
+        let daemon = PlexusDaemon::start(&DaemonOpts {
+            bin: &common::bin("plexus-daemon"),
+            socket: &self.socket(),
+            kubeconfig: &kubeconfig,
+            node: self.node.name(),
+            dir: self.node.dir(),
+            metrics_port: self.metrics_port,
+        })?;
+        self.daemon = Some(daemon);
+        Ok(())
     }
 
     /// SIGTERM the daemon; its socket must be gone after.
     fn stop_daemon(&mut self) -> Result<()> {
-        let mut d = self.daemon.take().context("daemon not running")?;
-        d.stop(Duration::from_secs(10));
+        self.daemon.take().context("daemon not running")?.stop();
         ensure!(!self.socket().exists(), "socket left after SIGTERM");
         Ok(())
     }
 
     /// One value of the daemon's `/metrics` (sum over the series matching all of `labels`).
     fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body
-            .lines()
-            .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        scrape_metric(self.metrics_port, name, labels)
     }
 
     /// RBAC for the daemon, its kubeconfig, the daemon, then install.sh with the daemon
@@ -293,7 +269,7 @@ impl<'a> Tier<'a> {
             "rbac-daemon.yaml",
             "plexus-daemon-daemonset.yaml",
         ])?;
-        let token = cp.create_token("kube-system", "plexus")?;
+        let token = plexus_token(cp, &PlexusToken::Unbound)?;
         cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &token)?;
         self.start_daemon()?;
 
@@ -324,73 +300,22 @@ impl<'a> Tier<'a> {
             .iter()
             .find(|c| c["name"] == "install-plexus")
             .context("no install-plexus container")?;
-        let command: Vec<String> = c["command"]
-            .as_array()
-            .context("installer has no command")?
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect();
-        ensure!(command.first().map(String::as_str) == Some("/install.sh"));
-        let mut env: Vec<(String, String)> = Vec::new();
-        let mut extra = json!({});
-        for e in c["env"].as_array().into_iter().flatten() {
-            let (k, v) = (
-                e["name"].as_str().unwrap_or("").to_string(),
-                e["value"].as_str().unwrap_or("").to_string(),
-            );
-            if k == "PLEXUS_EXTRA_CONFIG" {
-                extra = serde_json::from_str(&v).context("PLEXUS_EXTRA_CONFIG")?;
-            } else {
-                env.push((k, v));
-            }
-        }
+        let install = InstallSh::from_container(c)?;
         ensure!(
-            extra["daemonSocket"] == "/run/plexus/plexus.sock",
-            "the DaemonSet's installer does not select daemon mode: {extra}"
+            install.extra["daemonSocket"] == "/run/plexus/plexus.sock",
+            "the DaemonSet's installer does not select daemon mode: {}",
+            install.extra
         );
         // Host paths mapped to the node's directories: the socket and the plans dir.
-        let extra = self.extra_config(extra);
-        let sa = self.node.path("serviceaccount");
-        std::fs::create_dir_all(&sa)?;
-        std::fs::write(sa.join("token"), &token)?;
-        std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
-        let src = self.node.path("image-bin");
-        std::fs::create_dir_all(&src)?;
-        for b in ["plexus", "plexus-shim", "sriov"] {
-            std::fs::copy(
-                if b == "plexus" {
-                    self.plexus.clone()
-                } else {
-                    common::bin(b)
-                },
-                src.join(b),
-            )?;
-        }
-        let conf = self.node.conf_dir().display().to_string();
-        let p = |p: &Path| p.display().to_string();
-        env.extend([
-            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
-            ("KUBERNETES_SERVICE_PORT".into(), cp.port().to_string()),
-            ("PLEXUS_SRC_DIR".into(), p(&src)),
-            ("PLEXUS_BIN_DIR".into(), p(&self.node.bin_dir())),
-            ("PLEXUS_CONF_DIR".into(), conf.clone()),
-            ("PLEXUS_HOST_CONF_DIR".into(), conf),
-            ("PLEXUS_TOKEN_FILE".into(), p(&sa.join("token"))),
-            ("PLEXUS_CA_FILE".into(), p(&sa.join("ca.crt"))),
-            ("PLEXUS_LOG_FILE".into(), p(&self.node.path("plexus.log"))),
-            (
-                "PLEXUS_READY_FILE".into(),
-                p(&self.node.path("install-state/ready")),
-            ),
-            ("PLEXUS_EXTRA_CONFIG".into(), extra.to_string()),
-        ]);
-        let mut args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        args.push("sh".into());
-        args.push(p(&repo("deploy/install.sh")));
-        args.extend(command[1..].iter().cloned());
+        let extra = self.extra_config(install.extra.clone());
+        let binaries = [
+            ("plexus", self.plexus.clone()),
+            ("plexus-shim", common::bin("plexus-shim")),
+            ("sriov", common::bin("sriov")),
+        ];
+        self.installer = Some(install.spawn(cp, &self.node, &token, &binaries, &extra)?);
         let log = self.node.path("installer.log");
-        self.installer = Some(Proc::spawn("install.sh", Path::new("env"), &args, &log)?);
-        let ready = self.node.path("install-state/ready");
+        let ready = InstallSh::ready_file(&self.node);
         wait_for(
             "the installer's ready file",
             Duration::from_secs(60),

@@ -24,16 +24,15 @@ mod common;
 #[path = "real_node/pods.rs"]
 mod pods;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::node::{wait_for, Node};
-use plexus_e2e::realk8s::{
-    control_plane_or_skip, free_port, setup_or_report, ControlPlane, K8sBins, Proc, Suite,
-};
+use plexus_e2e::realk8s::node_rig::{scrape_metric, DaemonOpts, PlexusDaemon};
+use plexus_e2e::realk8s::rig::{plexus_kubeconfig, ControlLoops, PlexusToken};
+use plexus_e2e::realk8s::{control_plane_or_skip, free_port, setup_or_report, ControlPlane, Suite};
 use serde_json::{json, Value};
 
 use api::Api;
@@ -61,8 +60,7 @@ fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
         return ExitCode::SUCCESS;
     };
-    let Some(mut tier) = setup_or_report("real_statefulset", &cp, Tier::start(&cp, cp.bins()))
-    else {
+    let Some(mut tier) = setup_or_report("real_statefulset", &cp, Tier::start(&cp)) else {
         return ExitCode::FAILURE;
     };
     let mut suite = Suite::new("real_statefulset");
@@ -118,9 +116,8 @@ struct Tier<'a> {
     node: Node<'a>,
     api: Api,
     bridges: Vec<String>,
-    scheduler: Option<Proc>,
-    controllers: Option<Proc>,
-    daemon: Option<Proc>,
+    loops: Option<ControlLoops>,
+    daemon: Option<PlexusDaemon>,
     metrics_port: u16,
     /// The netns of every replica checked (all must be gone at the end; other tiers on the
     /// machine make netns of their own, so the host's list is no measure).
@@ -128,7 +125,7 @@ struct Tier<'a> {
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane, bins: &K8sBins) -> Result<Tier<'a>> {
+    fn start(cp: &'a ControlPlane) -> Result<Tier<'a>> {
         let bridges = vec![link("c"), link("d"), link("f")];
         let primary_bridge = bridges[0].clone();
         let primary = move |ipam: &Path| {
@@ -137,10 +134,11 @@ impl<'a> Tier<'a> {
                  "ipMasq":false,"hairpinMode":true,
                  "ipam":{"type":"host-local","dataDir":ipam,"ranges":[[{"subnet":"10.245.0.0/24"}]]}}]})
         };
+        // No namespace controller: the namespaces' default ServiceAccount and CA ConfigMap.
         for ns in [NS, "default"] {
             cp.create_namespace(ns)?;
         }
-        let node = Node::start(cp, bins, NODE, PRIMARY_CONF, &primary)?;
+        let node = Node::start(cp, cp.bins(), NODE, PRIMARY_CONF, &primary)?;
         for b in &bridges {
             node.own_link(b);
         }
@@ -150,52 +148,11 @@ impl<'a> Tier<'a> {
             node,
             api,
             bridges,
-            scheduler: None,
-            controllers: None,
+            loops: None,
             daemon: None,
             metrics_port: free_port()?,
             netns_seen: Default::default(),
         })
-    }
-
-    /// kube-scheduler and kube-controller-manager (statefulset controller only), as
-    /// ../shared/k8s/README.md runs them.
-    fn start_control_loops(&mut self) -> Result<()> {
-        let bins = self.cp.bins();
-        let (Some(sched), Some(kcm)) = (&bins.scheduler, &bins.controller_manager) else {
-            bail!("PLEXUS_K8S_BIN has no kube-scheduler or kube-controller-manager");
-        };
-        let k = self.cp.admin_kubeconfig().display().to_string();
-        let common = vec![
-            format!("--kubeconfig={k}"),
-            format!("--authentication-kubeconfig={k}"),
-            format!("--authorization-kubeconfig={k}"),
-            "--leader-elect=false".into(),
-            "--secure-port=0".into(),
-        ];
-        self.scheduler = Some(Proc::spawn(
-            "kube-scheduler",
-            sched,
-            &common,
-            &self.node.path("scheduler.log"),
-        )?);
-        let mut args = common.clone();
-        args.extend([
-            "--use-service-account-credentials=false".to_string(),
-            format!("--root-ca-file={}", self.cp.ca_path().display()),
-            format!(
-                "--service-account-private-key-file={}",
-                self.cp.dir().join("sa.key").display()
-            ),
-            "--controllers=statefulset".into(),
-        ]);
-        self.controllers = Some(Proc::spawn(
-            "kube-controller-manager",
-            kcm,
-            &args,
-            &self.node.path("controller-manager.log"),
-        )?);
-        Ok(())
     }
 
     fn plexus_conf(&self, daemon: bool) -> Value {
@@ -220,15 +177,19 @@ impl<'a> Tier<'a> {
             "rbac-fixed-ips.yaml",
             "rbac-daemon.yaml",
         ])?;
-        let token = cp.create_token("kube-system", "plexus")?;
-        cp.write_kubeconfig(&self.node.path("plexus.kubeconfig"), &token)?;
+        plexus_kubeconfig(
+            cp,
+            &self.node.path("plexus.kubeconfig"),
+            &PlexusToken::Unbound,
+        )?;
         std::fs::copy(common::bin("plexus"), self.node.bin_dir().join("plexus"))?;
         // containerd 1.6 loads a config on WRITE events: write in place.
         std::fs::write(
             self.node.conf_dir().join("00-plexus.conflist"),
             serde_json::to_vec(&self.plexus_conf(false))?,
         )?;
-        self.start_control_loops()?;
+        // kube-scheduler and kube-controller-manager (statefulset controller only).
+        self.loops = Some(ControlLoops::start(cp, self.node.dir())?);
         // The probe pod sets nodeName: no scheduler needed for it.
         wait_until_plexus_is_in_the_path(&self.api, NS, NODE)?;
         self.api.delete_pod(NS, "probe")?;
@@ -445,47 +406,21 @@ impl<'a> Tier<'a> {
     }
 
     fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body
-            .lines()
-            .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        scrape_metric(self.metrics_port, name, labels)
     }
 
     fn daemon_mode(&mut self) -> Result<()> {
         self.scale("mysql", 0)?;
         self.wait_gone(&["mysql-0", "mysql-1", "mysql-2", "mysql-3"])?;
-        let ready = self.node.path("daemon.ready");
-        let p = |p: PathBuf| p.display().to_string();
-        let args = vec![
-            "--socket".to_string(),
-            p(self.socket()),
-            "--kubeconfig".into(),
-            p(self.node.path("plexus.kubeconfig")),
-            "--node".into(),
-            NODE.into(),
-            "--readiness-file".into(),
-            p(ready.clone()),
-            "--metrics-address".into(),
-            format!("127.0.0.1:{}", self.metrics_port),
-        ];
-        let log = self.node.path("daemon.log");
-        self.daemon = Some(Proc::spawn(
-            "plexus-daemon",
-            &common::bin("plexus-daemon"),
-            &args,
-            &log,
-        )?);
-        wait_for(
-            "the daemon's readiness file",
-            Duration::from_secs(20),
-            || Ok(ready.exists()),
-        )
-        .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
+        let kubeconfig = self.node.path("plexus.kubeconfig");
+        self.daemon = Some(PlexusDaemon::start(&DaemonOpts {
+            bin: &common::bin("plexus-daemon"),
+            socket: &self.socket(),
+            kubeconfig: &kubeconfig,
+            node: NODE,
+            dir: self.node.dir(),
+            metrics_port: self.metrics_port,
+        })?);
         std::fs::write(
             self.node.conf_dir().join("00-plexus.conflist"),
             serde_json::to_vec(&self.plexus_conf(true))?,
@@ -545,10 +480,11 @@ impl<'a> Tier<'a> {
     }
 
     fn stop(&mut self) {
-        for p in [&mut self.controllers, &mut self.scheduler, &mut self.daemon] {
-            if let Some(mut p) = p.take() {
-                p.stop(Duration::from_secs(5));
-            }
+        if let Some(mut l) = self.loops.take() {
+            l.stop();
+        }
+        if let Some(d) = self.daemon.take() {
+            d.stop();
         }
         self.node.stop();
     }

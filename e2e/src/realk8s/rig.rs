@@ -177,7 +177,9 @@ pub fn plexus_token(cp: &ControlPlane, token: &PlexusToken) -> Result<String> {
     match token {
         PlexusToken::Unbound => cp.create_token(ns, sa),
         PlexusToken::BoundToPod { node, pod } => {
-            cp.apply(&json!({"apiVersion":"v1","kind":"Node","metadata":{"name":node}}).to_string())?;
+            cp.apply(
+                &json!({"apiVersion":"v1","kind":"Node","metadata":{"name":node}}).to_string(),
+            )?;
             cp.apply(&json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":pod,"namespace":ns},
                 "spec":{"nodeName":node,"serviceAccountName":sa,"automountServiceAccountToken":false,
                         "containers":[{"name":"plexus","image":"plexus"}]}}).to_string())?;
