@@ -2,9 +2,13 @@
 //! Debian plugins in real network namespaces. `deploy/nad-crd.yaml` and `deploy/rbac.yaml` are
 //! applied for real and plexus runs with a TokenRequest token of `kube-system/plexus`, so a
 //! missing or excessive right fails. Pods and NADs are created by the admin (no scheduler: pods
-//! carry `spec.nodeName`). Skipped (and passing) without `PLEXUS_K8S_BIN`.
+//! carry `spec.nodeName`). The API faults (slow, 429/500, unreachable) come from a fault proxy in
+//! front of the real apiserver (`tests/real_api/faults.rs`). Skipped (and passing) without
+//! `PLEXUS_K8S_BIN`.
 
 mod common;
+#[path = "real_api/faults.rs"]
+mod faults;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -80,6 +84,16 @@ fn main() -> ExitCode {
         "del_without_a_plan_with_the_apiserver_stopped_is_quick",
         || planless_del_apiserver_stopped(&node),
     );
+    // The fault matrix's API faults, injected by a proxy in front of the real apiserver.
+    suite.case(
+        "api_slow_beyond_the_timeout_is_try_again_later_and_leaves_nothing",
+        || faults::api_slow(&node),
+    );
+    suite.case(
+        "api_throttling_and_server_errors_are_retried_then_reported",
+        || faults::api_throttling_and_server_errors(&node),
+    );
+    suite.case("api_down_then_back", || faults::api_down_then_back(&node));
     drop(node);
     suite.finish()
 }

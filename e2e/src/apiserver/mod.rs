@@ -29,7 +29,7 @@
 mod admin;
 mod auth;
 mod discovery;
-mod faults;
+pub(crate) mod faults;
 mod handlers;
 pub(crate) mod kubeconfig;
 mod log;

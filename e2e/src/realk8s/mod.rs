@@ -38,6 +38,7 @@
 pub mod audit;
 pub mod bins;
 pub mod cri; // node tier (real_node): cri, image, node, pause
+pub mod fault_proxy;
 mod https;
 pub mod image;
 pub mod metrics;
@@ -264,6 +265,17 @@ impl ControlPlane {
     /// The CA certificate, PEM.
     pub fn ca_pem(&self) -> String {
         self.ca.pem()
+    }
+
+    /// The CA certificate, DER.
+    pub fn ca_der(&self) -> Vec<u8> {
+        self.ca.der()
+    }
+
+    /// A fresh serving certificate for `127.0.0.1` signed by the cluster CA (e.g. for a proxy
+    /// in front of the apiserver that clients with the cluster's kubeconfig CA trust).
+    pub fn serving_cert(&self) -> Result<CertPair> {
+        Ok(self.ca.serving()?)
     }
 
     /// The static admin token (`system:masters`).
