@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use plexus_e2e::{Access, RequestMatcher, TestApiServer, TestApiServerOptions};
+use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -363,38 +363,6 @@ fn user_errors_are_cni_errors_naming_pod_and_network_and_leave_nothing() {
         .filter(|e| e["type"] == "Warning")
         .count();
     assert!(warn >= 1, "a failure event is posted");
-}
-
-#[test]
-fn api_unreachable_at_add_is_try_again_later() {
-    let node = Node::new(36);
-    let ns = Netns::new();
-    let uid = node.pod("db", "late", json!({}));
-    node.api.down();
-    let r = node.call(
-        "ADD",
-        "cid-late",
-        &ns.path(),
-        &Node::args("db", "late", &uid),
-    );
-    assert_eq!(r.err()["code"], 11, "{}", r.out);
-    assert_eq!(ns.links(), vec!["lo"]);
-    node.api.up().unwrap();
-    node.api.fail_next(2, 503, RequestMatcher::method("GET"));
-    node.call(
-        "ADD",
-        "cid-late",
-        &ns.path(),
-        &Node::args("db", "late", &uid),
-    )
-    .ok();
-    node.call(
-        "DEL",
-        "cid-late",
-        &ns.path(),
-        &Node::args("db", "late", &uid),
-    )
-    .ok();
 }
 
 #[test]
@@ -764,68 +732,6 @@ fn pod_annotations_from_the_runtime_save_the_pod_get() {
     assert!(node.leftovers().is_empty());
 }
 
-/// A thin ADD sends the status PATCH and the AddedInterface event together. When the PATCH is
-/// then refused for good (403), the attachments are undone, a warning event says so, the ADD
-/// fails with the Kubernetes code, and nothing is left.
-#[test]
-fn status_refused_after_the_event_undoes_and_warns() {
-    let node = Node::new(38);
-    node.macvlan_nad("db", "mv", node.host_local("10.138.0.0/24"));
-    let ns = Netns::new();
-    let uid = node.pod("db", "refused", json!({NETWORKS: "mv"}));
-    node.api.fail_next(
-        1,
-        403,
-        RequestMatcher::method("PATCH").and_path("/pods/refused/status"),
-    );
-    let args = Node::args("db", "refused", &uid);
-    let run = node.call("ADD", "cid-refused", &ns.path(), &args);
-    let err = run.err();
-    assert_eq!(err["code"], 102, "{err}");
-    assert!(
-        err["msg"]
-            .as_str()
-            .unwrap()
-            .contains("pod db/refused: cannot write the network-status annotation"),
-        "{err}"
-    );
-    assert_eq!(ns.links().len(), 1, "only lo is left: {:?}", ns.links());
-    let reasons: Vec<(String, String)> = node
-        .api
-        .events("db")
-        .iter()
-        .map(|e| {
-            (
-                e["type"].as_str().unwrap_or("").to_string(),
-                e["reason"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
-    assert!(
-        reasons.contains(&("Normal".into(), "AddedInterface".into())),
-        "{reasons:?}"
-    );
-    let warning = node
-        .api
-        .events("db")
-        .into_iter()
-        .find(|e| e["reason"] == "AddInterfaceFailed")
-        .expect("a warning event");
-    assert_eq!(warning["type"], "Warning");
-    assert!(
-        warning["message"]
-            .as_str()
-            .unwrap()
-            .contains("removing the interfaces"),
-        "{warning}"
-    );
-    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
-    node.call("DEL", "cid-refused", &ns.path(), &args).ok();
-    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
-}
-
-/// `K8S_POD_NAMESPACE` / `K8S_POD_NAME` go into API paths: a value that would address another
-/// object is refused with code 4 before any request, and nothing is attached.
 #[test]
 fn pod_names_that_address_another_object_are_refused() {
     let node = Node::new(44);

@@ -94,6 +94,12 @@ fn main() -> ExitCode {
         || faults::api_throttling_and_server_errors(&node),
     );
     suite.case("api_down_then_back", || faults::api_down_then_back(&node));
+    suite.case("api_unreachable_at_add_is_try_again_later", || {
+        faults::api_unreachable_then_503s_retried(&node)
+    });
+    suite.case("status_refused_after_the_event_undoes_and_warns", || {
+        faults::status_refused_after_the_event_undoes_and_warns(&node)
+    });
     drop(node);
     suite.finish()
 }

@@ -1,15 +1,12 @@
-//! `/_test/...` admin endpoints so a separate process can drive faults and read the request log.
+//! `/_test/...` admin endpoints so a separate process can read the request log, take the server
+//! down for a while and register tokens (faults in front of the real apiserver:
+//! [`crate::realk8s::fault_proxy`]).
 //! They need `Authorization: Bearer <admin token>`, are never faulted and never logged.
 //!
 //! | method, path | body | effect |
 //! | --- | --- | --- |
 //! | `GET /_test/requests` | | the request log as a JSON array |
 //! | `DELETE /_test/requests` | | clear the log |
-//! | `PUT /_test/latency` | `{"ms":200,"method":"PATCH","pathContains":"/status"}` | add latency |
-//! | `DELETE /_test/latency` | | remove latency |
-//! | `POST /_test/fail` | `{"count":2,"code":503,"method":..,"pathContains":..}` | fail next N |
-//! | `POST /_test/drop` | `{"count":1,"method":..,"pathContains":..}` | close the connection of the next N, unanswered |
-//! | `DELETE /_test/fail` | | remove pending failures and drops |
 //! | `POST /_test/down` | `{"ms":1000}` | after answering, go down for `ms`, then up on the same port |
 //! | `POST /_test/tokens` | `{"token":"t","user":"u","access":"full\|read-only\|none"}` | register a token |
 
@@ -25,31 +22,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::{bearer, Access};
-use super::faults::RequestMatcher;
 use super::server::{error_response, json_response, lock, read_body, Shared};
 use super::status::ApiError;
-
-#[derive(Deserialize)]
-struct LatencyBody {
-    ms: u64,
-    #[serde(flatten)]
-    matcher: RequestMatcher,
-}
-
-#[derive(Deserialize)]
-struct FailBody {
-    count: u32,
-    code: u16,
-    #[serde(flatten)]
-    matcher: RequestMatcher,
-}
-
-#[derive(Deserialize)]
-struct DropBody {
-    count: u32,
-    #[serde(flatten)]
-    matcher: RequestMatcher,
-}
 
 #[derive(Deserialize)]
 struct DownBody {
@@ -106,32 +80,6 @@ fn route(
         )),
         ("DELETE", "/_test/requests") => {
             lock(&shared.log).clear();
-            ok
-        }
-        ("PUT" | "POST", "/_test/latency") => {
-            let b: LatencyBody = parse(body)?;
-            lock(&shared.faults).set_latency(Duration::from_millis(b.ms), b.matcher);
-            ok
-        }
-        ("DELETE", "/_test/latency") => {
-            lock(&shared.faults).clear_latency();
-            ok
-        }
-        ("POST", "/_test/fail") => {
-            let b: FailBody = parse(body)?;
-            if !(400..=599).contains(&b.code) {
-                return Err(ApiError::bad_request("code must be a 4xx or 5xx status"));
-            }
-            lock(&shared.faults).fail_next(b.count, b.code, b.matcher);
-            ok
-        }
-        ("POST", "/_test/drop") => {
-            let b: DropBody = parse(body)?;
-            lock(&shared.faults).drop_next(b.count, b.matcher);
-            ok
-        }
-        ("DELETE", "/_test/fail") => {
-            lock(&shared.faults).clear_failures();
             ok
         }
         ("POST", "/_test/down") => {

@@ -23,8 +23,6 @@ pub struct RequestRecord {
     pub duration: Duration,
     /// Authenticated user, if any (never the token).
     pub user: Option<String>,
-    /// Whether the response was an injected failure (status or dropped connection).
-    pub injected: bool,
 }
 
 fn as_millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -75,7 +73,6 @@ mod tests {
             status: 200,
             duration: Duration::from_millis(3),
             user: None,
-            injected: false,
         }
     }
 

@@ -1,12 +1,13 @@
 //! An honest in-memory Kubernetes API server for tests: real paths, real `Status` errors and
-//! codes, resourceVersion conflicts, bearer-token auth, fault injection and a request log.
+//! codes, resourceVersion conflicts, bearer-token auth, down/up on demand and a request log.
+//! Faults in front of the real apiserver (latency, HTTP errors, dropped connections) are
+//! [`crate::realk8s::fault_proxy`]'s.
 //!
 //! It runs on its own thread with its own tokio runtime, so plain `#[test]` functions and
 //! `#[tokio::test]` functions can both use it, and separate processes can reach it over HTTP.
 //!
 //! ```
-//! use std::time::Duration;
-//! use plexus_e2e::{Access, RequestMatcher, TestApiServer, TestApiServerOptions};
+//! use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
 //! use serde_json::json;
 //!
 //! let srv = TestApiServer::start(TestApiServerOptions::default()).unwrap();
@@ -20,8 +21,6 @@
 //! let dir = tempfile::tempdir().unwrap();
 //! srv.write_kubeconfig(&dir.path().join("kubeconfig"), "t0k3n").unwrap();
 //! // ... run plexus with that kubeconfig, then inspect:
-//! srv.fail_next(1, 503, RequestMatcher::method("PATCH").and_path("/status"));
-//! srv.set_latency(Duration::from_millis(100), RequestMatcher::any());
 //! assert_eq!(srv.count_requests("PATCH", "/api/v1/namespaces/default/pods/web/status"), 0);
 //! assert!(srv.get_pod("default", "web").is_some());
 //! ```
@@ -29,7 +28,6 @@
 mod admin;
 mod auth;
 mod discovery;
-pub(crate) mod faults;
 mod handlers;
 pub(crate) mod kubeconfig;
 mod log;
@@ -52,8 +50,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The fault proxy's request matcher (re-exported where the stand-in used to have it).
+pub use crate::realk8s::fault_rules::RequestMatcher;
 pub use auth::Access;
-pub use faults::RequestMatcher;
 pub use log::RequestRecord;
 pub use resources::Resource;
 
@@ -264,28 +263,6 @@ impl TestApiServer {
         lock(&self.shared.log).count(method, path_prefix)
     }
 
-    /// Delays every matching request by `delay` (replaces the previous latency rule).
-    pub fn set_latency(&self, delay: Duration, matcher: RequestMatcher) {
-        lock(&self.shared.faults).set_latency(delay, matcher);
-    }
-
-    /// Removes added latency.
-    pub fn clear_latency(&self) {
-        lock(&self.shared.faults).clear_latency();
-    }
-
-    /// Answers the next `count` matching requests with `code` (a 4xx/5xx `Status`;
-    /// 500 InternalError, 503 ServiceUnavailable, 504 Timeout, 429 TooManyRequests).
-    pub fn fail_next(&self, count: u32, code: u16, matcher: RequestMatcher) {
-        lock(&self.shared.faults).fail_next(count, code, matcher);
-    }
-
-    /// Closes the connection of the next `count` matching requests without any response
-    /// (clients see an incomplete message / connection reset). Logged with status 0.
-    pub fn drop_next(&self, count: u32, matcher: RequestMatcher) {
-        lock(&self.shared.faults).drop_next(count, matcher);
-    }
-
     /// Waits until at least `n` recorded requests have `method` and a path starting with
     /// `path_prefix`; returns whether that happened within `timeout`.
     pub fn wait_for_requests(
@@ -305,16 +282,6 @@ impl TestApiServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    /// Removes pending injected failures and drops.
-    pub fn clear_failures(&self) {
-        lock(&self.shared.faults).clear_failures();
-    }
-
-    /// Injected failures and drops not yet consumed.
-    pub fn pending_failures(&self) -> u32 {
-        lock(&self.shared.faults).pending_failures()
     }
 
     /// Closes the listener and drops open connections: clients get connection refused.

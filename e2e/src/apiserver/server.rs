@@ -1,4 +1,4 @@
-//! The HTTP side: listener up/down, connection serving, faults, authentication, authorization,
+//! The HTTP side: listener up/down, connection serving, authentication, authorization,
 //! request logging and dispatch to discovery or resource handlers.
 
 use std::net::SocketAddr;
@@ -16,7 +16,6 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::auth::Tokens;
-use super::faults::{Failure, Faults};
 use super::handlers::{self, ApiRequest};
 use super::log::{RequestLog, RequestRecord};
 use super::routes::{self, Query, Route};
@@ -44,8 +43,6 @@ pub struct Shared {
     pub store: Mutex<Store>,
     /// Registered bearer tokens.
     pub tokens: Mutex<Tokens>,
-    /// Active faults.
-    pub faults: Mutex<Faults>,
     /// Request log.
     pub log: Mutex<RequestLog>,
     /// Token for `/_test` admin endpoints; `None` disables them.
@@ -70,7 +67,6 @@ impl Shared {
         Shared {
             store: Mutex::default(),
             tokens: Mutex::default(),
-            faults: Mutex::default(),
             log: Mutex::default(),
             admin_token,
             addr,
@@ -210,15 +206,10 @@ fn header_str(req: &http::request::Parts, name: header::HeaderName) -> Option<&s
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Returned to hyper to close a connection without answering (an injected drop).
-#[derive(Debug, thiserror::Error)]
-#[error("injected connection drop")]
-pub struct InjectedDrop;
-
 async fn serve(
     shared: Arc<Shared>,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, InjectedDrop> {
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
@@ -230,38 +221,17 @@ async fn serve(
     let content_type = header_str(&parts, header::CONTENT_TYPE).map(str::to_string);
     let method = parts.method.clone();
 
-    let latency = lock(&shared.faults).latency_for(method.as_str(), &path);
-    if let Some(d) = latency {
-        tokio::time::sleep(d).await;
-    }
-    let injected = lock(&shared.faults).take_failure(method.as_str(), &path);
-    let (resp, user) = match injected {
-        Some(Failure::Drop) => {
-            lock(&shared.log).push(RequestRecord {
-                method: method.to_string(),
-                path,
-                query,
-                content_type,
-                status: 0,
-                duration: start.elapsed(),
-                user: None,
-                injected: true,
-            });
-            return Err(InjectedDrop);
-        }
-        Some(Failure::Status(code)) => (error_response(&ApiError::injected(code)), None),
-        None => match read_body(body, MAX_BODY).await {
-            Ok(bytes) => api(
-                &shared,
-                &method,
-                &path,
-                query.as_deref(),
-                content_type.as_deref(),
-                authz.as_deref(),
-                &bytes,
-            ),
-            Err(e) => (error_response(&e), None),
-        },
+    let (resp, user) = match read_body(body, MAX_BODY).await {
+        Ok(bytes) => api(
+            &shared,
+            &method,
+            &path,
+            query.as_deref(),
+            content_type.as_deref(),
+            authz.as_deref(),
+            &bytes,
+        ),
+        Err(e) => (error_response(&e), None),
     };
     let record = RequestRecord {
         method: method.to_string(),
@@ -271,7 +241,6 @@ async fn serve(
         status: resp.status().as_u16(),
         duration: start.elapsed(),
         user,
-        injected: injected.is_some(),
     };
     tracing::debug!(method = %record.method, path = %record.path, status = record.status, "request");
     lock(&shared.log).push(record);

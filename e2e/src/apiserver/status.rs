@@ -261,30 +261,6 @@ impl ApiError {
         )
     }
 
-    /// An injected server-side failure with the given 4xx/5xx code.
-    pub fn injected(code: u16) -> ApiError {
-        let (reason, message) = match code {
-            429 => (
-                "TooManyRequests",
-                "Too many requests, please try again later. (injected fault)",
-            ),
-            503 => (
-                "ServiceUnavailable",
-                "the server is currently unable to handle the request (injected fault)",
-            ),
-            504 => (
-                "Timeout",
-                "Timeout: request did not complete within the allowed duration (injected fault)",
-            ),
-            _ => ("InternalError", "Internal error occurred: injected fault"),
-        };
-        let mut e = ApiError::new(code, reason, message);
-        if code == 429 {
-            e.details = Some(json!({ "retryAfterSeconds": 1 }));
-        }
-        e
-    }
-
     /// The `Status` body.
     pub fn body(&self) -> Value {
         let mut v = json!({

@@ -3,8 +3,7 @@
 //! that forwards every request to the apiserver unchanged, except for the faults set on it —
 //! added latency, an HTTP error answered in the apiserver's place (`429`, `5xx`, with a `Status`
 //! body), the connection closed without an answer, or the proxy down (connection refused) and
-//! up again on the same port. The rules are the stand-in's ([`crate::apiserver`]): the same
-//! [`RequestMatcher`], consumed in order.
+//! up again on the same port. The rules: [`super::fault_rules`].
 //!
 //! What the real apiserver cannot do on demand, and only that: every answer that is not a fault
 //! is the real one. One request per connection (`Connection: close` towards both sides), so each
@@ -19,9 +18,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+pub use super::fault_rules::RequestMatcher;
+use super::fault_rules::{Failure, Faults};
 use super::ControlPlane;
-use crate::apiserver::faults::{Failure, Faults};
-use crate::apiserver::RequestMatcher;
 
 /// The longest request head read before it is refused.
 const MAX_HEAD: usize = 64 * 1024;
@@ -256,6 +255,7 @@ fn reason(code: u16) -> &'static str {
     match code {
         429 => "TooManyRequests",
         500 => "InternalError",
+        403 => "Forbidden",
         503 => "ServiceUnavailable",
         504 => "Timeout",
         _ => "Unknown",

@@ -39,6 +39,7 @@ pub mod audit;
 pub mod bins;
 pub mod cri; // node tier (real_node): cri, image, node, pause
 pub mod fault_proxy;
+pub mod fault_rules;
 mod https;
 pub mod image;
 pub mod metrics;

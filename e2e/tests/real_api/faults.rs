@@ -1,13 +1,14 @@
-//! The API faults of the fault matrix on the real apiserver, through
-//! [`plexus_e2e::realk8s::fault_proxy::FaultProxy`] (they ran on the stand-in in tests/faults.rs):
-//! the apiserver slow beyond plexus' pod timeout, throttling (429) and server errors (500) in a
-//! short burst (retried) and without end (reported), the apiserver unreachable and back. Each
+//! The API faults on the real apiserver, through
+//! [`plexus_e2e::realk8s::fault_proxy::FaultProxy`] (they ran on the stand-in in tests/faults.rs
+//! and tests/kube_mode.rs): the apiserver slow beyond plexus' pod timeout, throttling (429) and
+//! server errors (500, 503) in a short burst (retried) and without end (reported), the apiserver
+//! unreachable and back, the status PATCH refused (403) after the event. Each
 //! asserts the exact CNI code and what the message names, then the runtime's DELs, and that
 //! nothing is left: no link in the pod, no lease, no plan, no result-cache file.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use plexus_e2e::realk8s::fault_proxy::FaultProxy;
 use plexus_e2e::RequestMatcher;
 use serde_json::{json, Value};
@@ -148,4 +149,76 @@ pub fn api_down_then_back(node: &Node<'_>) -> Result<()> {
     ensure!(r.code == 0, "ADD with the API back: {}", r.out);
     ensure!(ns.links().len() == 3, "{:?}", ns.links());
     f.del_all_and_ensure_clean("flap", &ns, &args)
+}
+
+/// The apiserver unreachable at ADD: 11 and nothing attached; back, with two 503s on the next
+/// GETs: retried, and the ADD succeeds.
+pub fn api_unreachable_then_503s_retried(node: &Node<'_>) -> Result<()> {
+    let f = Faulty::new(node)?;
+    let args = f.pod("late")?;
+    let ns = Netns::new();
+    f.proxy.down();
+    let r = f.call("ADD", "late", &ns.path(), &args);
+    f.proxy.up()?;
+    ensure!(r.code != 0 && r.out["code"] == 11, "{}", r.out);
+    ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+    f.proxy.fail_next(2, 503, RequestMatcher::method("GET"));
+    let r = f.call("ADD", "late", &ns.path(), &args);
+    ensure!(f.proxy.pending_failures() == 0, "the 503s were not retried");
+    ensure!(r.code == 0, "{}", r.out);
+    f.del_all_and_ensure_clean("late", &ns, &args)
+}
+
+/// A thin ADD sends the status PATCH and the AddedInterface event together. When the PATCH is
+/// then refused for good (403), the attachments are undone, a warning event says so, the ADD
+/// fails with the Kubernetes code (102), and nothing is left.
+pub fn status_refused_after_the_event_undoes_and_warns(node: &Node<'_>) -> Result<()> {
+    let f = Faulty::new(node)?;
+    let args = f.pod("refused")?;
+    let ns = Netns::new();
+    f.proxy.fail_next(
+        1,
+        403,
+        RequestMatcher::method("PATCH").and_path("/pods/refused/status"),
+    );
+    let r = f.call("ADD", "refused", &ns.path(), &args);
+    f.proxy.clear_failures();
+    ensure!(r.code != 0 && r.out["code"] == 102, "{}", r.out);
+    let msg = r.out["msg"].as_str().unwrap_or("");
+    ensure!(
+        msg.contains("pod db/refused: cannot write the network-status annotation"),
+        "{}",
+        r.out
+    );
+    ensure!(ns.links() == ["lo"], "only lo is left: {:?}", ns.links());
+    // Events are posted in the background of the answer: give them a moment to land.
+    let mut events = Vec::new();
+    for _ in 0..50 {
+        events = node.events("db", "refused")?;
+        if events.iter().any(|e| e["reason"] == "AddInterfaceFailed") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let has = |ty: &str, reason: &str| {
+        events
+            .iter()
+            .any(|e| e["type"] == ty && e["reason"] == reason)
+    };
+    ensure!(has("Normal", "AddedInterface"), "{events:?}");
+    let warning = events
+        .iter()
+        .find(|e| e["reason"] == "AddInterfaceFailed")
+        .context("no AddInterfaceFailed event")?;
+    ensure!(warning["type"] == "Warning", "{warning}");
+    ensure!(
+        warning["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("removing the interfaces"),
+        "{warning}"
+    );
+    let left = node.leftovers();
+    ensure!(left.is_empty(), "{left:?}");
+    f.del_all_and_ensure_clean("refused", &ns, &args)
 }

@@ -1,4 +1,6 @@
-//! Fault injection: added latency and failing the next N matching requests.
+//! The fault rules of [`super::fault_proxy`]: which requests a fault applies to
+//! ([`RequestMatcher`]), added latency, and failing (an HTTP error or a dropped connection) the
+//! next N matching requests, consumed in order.
 
 use std::time::Duration;
 
