@@ -1165,6 +1165,11 @@ impl<'a> Tier<'a> {
             "no clean SIGTERM exit (exit code {exit}):\n{last_log}"
         );
         ensure!(self.plexus_conf().exists());
+        // The kubeconfig now holds the deleted pod's bound token, which the apiserver refuses
+        // once its authentication cache (10 s) has expired: put back the node installer's, as
+        // the next DaemonSet pod would write a live one, so the cases after this one do not
+        // depend on how fast they start.
+        std::fs::write(&kubeconfig, &before)?;
         Ok(())
     }
 
