@@ -1,6 +1,7 @@
 //! Opt-in benchmark (the host writes `bench.json`, see `bench_host`): the bank NAD's ADD and DEL
 //! on the same real igbvf VF through plexus' release `sriov` and through sriov-cni v2.10, same
-//! config (only the binary differs), rounds alternating which plugin goes first. Prints the
+//! config (only the binary differs), plus `sriov` with the NAD minus `mtu` (sriov-cni ignores
+//! `mtu`: that series does the same work as sriov-cni), rounds rotating which goes first. Prints the
 //! figures as `note` lines (never a timed assertion); asserts that every call succeeds, that
 //! every DEL leaves the VF exactly as before (else the figures mean nothing), and that the two
 //! differ in the resulting VF state and result JSON only where the docs say they do.
@@ -32,7 +33,7 @@ pub fn cases() -> Vec<Case> {
 
 fn config() -> Option<Value> {
     let out = PathBuf::from(std::env::var("PLEXUS_VM_OUT").ok()?);
-    let text = std::fs::read_to_string(out.join("bench.json")).ok()?;
+    let text = std::fs::read_to_string(out.join(crate::bench_host::FILE)).ok()?;
     serde_json::from_str(&text).ok()
 }
 
@@ -291,6 +292,7 @@ fn add_del(
 fn strace(t: &T<'_>, series: &[Series<'_>], before: &crate::vf::VfSnap) {
     let out = std::env::var("PLEXUS_VM_OUT").unwrap_or_default();
     for (i, s) in series.iter().enumerate() {
+        let pod = Netns::new();
         for cmd in ["ADD", "DEL"] {
             let traced = Plugin {
                 bin: PathBuf::from("/usr/bin/strace"),
@@ -304,21 +306,17 @@ fn strace(t: &T<'_>, series: &[Series<'_>], before: &crate::vf::VfSnap) {
                 ],
                 ..s.plugin.clone()
             };
-            let pod = format!("/run/netns/bench-strace-{i}");
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "add", &format!("bench-strace-{i}")])
-                .status();
-            exec(&traced, cmd, "bench-strace", &pod, &s.conf, false)
+            exec(&traced, cmd, "bench-strace", &pod.path(), &s.conf, false)
                 .run
                 .ok();
-            if cmd == "DEL" {
-                let _ = std::process::Command::new("ip")
-                    .args(["netns", "del", &format!("bench-strace-{i}")])
-                    .status();
-            }
         }
+        assert_eq!(
+            t.pf.snap(0),
+            *before,
+            "{}: DEL under strace left the VF changed",
+            s.label
+        );
     }
-    assert_eq!(t.pf.snap(0), *before, "strace runs left the VF changed");
 }
 
 fn bench(t: &T<'_>) {
@@ -379,14 +377,15 @@ fn bench(t: &T<'_>) {
         seen.push(o);
         own.push((a.own_kib.unwrap_or(0), d.own_kib.unwrap_or(0)));
     }
-    t.note(format!(
-        "bench fidelity, bank NAD on {pci}: sriov {}\n  sriov-cni {}",
-        seen[0], seen[1]
-    ));
     let mut with_mtu = Vec::new();
     diff("", &seen[0], &seen[1], &mut with_mtu);
     let mut without_mtu = Vec::new();
     diff("", &seen[2], &seen[1], &mut without_mtu);
+    t.note(format!(
+        "bench fidelity, bank NAD on {pci}: sriov {}\n  sriov-cni {}\n  differences: {with_mtu:?}; \
+         without mtu: {without_mtu:?}",
+        seen[0], seen[1]
+    ));
 
     // The static IPAM plugin alone: both plugins run it, so it bounds the process tree's peak.
     let ipam = Plugin {
