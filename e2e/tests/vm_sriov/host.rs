@@ -118,6 +118,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     let out = vm_dir().join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    crate::bench_host::prepare(&out)?;
     let initrd = out.join("initramfs.cpio.gz");
     let st = Command::new(repo_root().join("scripts/vm-initramfs.sh"))
         .arg(&parts.kernel_tree)

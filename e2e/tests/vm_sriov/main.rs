@@ -12,12 +12,15 @@
 //! `PLEXUS_VM_TIMEOUT` (seconds, default 600): the whole VM run, boot included.
 //! `PLEXUS_VM_CASES=a,b`: run only the cases whose name contains `a` or `b`.
 //! `PLEXUS_VM_ACCEL` (default `tcg`): QEMU accelerator, e.g. `kvm` where KVM works.
+//! `PLEXUS_VM_BENCH=1`: also run the sriov vs sriov-cni benchmark (see `bench_host`).
 //! `PLEXUS_VM_KEEP=1`: keep `target/vm/run-<pid>` (console log, results) after a passing run.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bench_host;
 mod cases;
+mod cases_bench;
 mod cases_fail;
 mod cases_fidelity;
 mod cases_plexus;
