@@ -1,5 +1,9 @@
 //! Running a plan: ADD every attachment in order with an undo stack (a failure DELs what was
 //! added, in reverse), DEL every attachment best-effort, CHECK every attachment.
+//!
+//! Stage 3: takes the plan's [`PlannedAttachment`]s and the delegate runtime; gives an
+//! [`Attached`] per attachment (the delegate's result) for the report stage, or an error
+//! after the undo.
 
 use crate::error::MetaError;
 use crate::plan::PlannedAttachment;

@@ -5,19 +5,20 @@
 //! (`-data`), `insecure-skip-tls-verify`, `tls-server-name`; users with `token`, `tokenFile`,
 //! `client-certificate`/`client-key` (`-data`), `username`/`password`, `exec` credential
 //! plugins (non-interactive), and `as`/`as-groups`/`as-uid` impersonation. Refused with a clear
-//! reason: `auth-provider` (the legacy gcp/oidc/azure plugins) and `proxy-url`.
+//! reason: `auth-provider` (the legacy gcp/oidc/azure plugins) and `proxy-url`. Exec plugins
+//! run in [`super::exec_credential`].
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use http::header::{HeaderName, HeaderValue};
-use kube::config::{AuthInfo, Cluster, ExecConfig, Kubeconfig};
+use kube::config::{AuthInfo, Cluster, Kubeconfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use secrecy::ExposeSecret;
 
+use super::exec_credential::{run_exec, ExecFailure};
 use super::http1::{Endpoint, Http1Transport};
 
 /// Why no transport could be built: a reason that never contains a credential, and whether the
@@ -35,6 +36,15 @@ impl From<String> for BuildError {
         BuildError {
             reason,
             transient: false,
+        }
+    }
+}
+
+impl From<ExecFailure> for BuildError {
+    fn from(e: ExecFailure) -> Self {
+        BuildError {
+            reason: e.reason,
+            transient: e.transient,
         }
     }
 }
@@ -208,7 +218,11 @@ fn identity(user: &AuthInfo, cluster: &Cluster) -> Result<Identity, BuildError> 
         .as_ref()
         .filter(|_| id.authorization.is_none() && id.client_pem.is_none())
     {
-        let cred = run_exec(exec, cluster)?;
+        let info = match exec.provide_cluster_info {
+            true => Some(cluster_info(cluster)?),
+            false => None,
+        };
+        let cred = run_exec(exec, info)?;
         id.authorization = cred.token.map(|t| format!("Bearer {t}"));
         id.client_pem = cred.client_pem;
     }
@@ -324,143 +338,6 @@ fn certificates(bytes: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>
     Err(format!("{what} holds no certificate"))
 }
 
-/// What an exec credential plugin gave.
-struct ExecCredential {
-    token: Option<String>,
-    client_pem: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-/// Run an exec credential plugin, never interactively (a CNI call has no terminal).
-///
-/// A plugin that times out or exits non-zero is transient (its credential source — a cloud
-/// token service, a vault — may answer on the next call); one that cannot be started or prints
-/// no usable credential is a kubeconfig problem.
-fn run_exec(exec: &ExecConfig, cluster: &Cluster) -> Result<ExecCredential, BuildError> {
-    let command = exec
-        .command
-        .as_deref()
-        .filter(|c| !c.is_empty())
-        .ok_or("exec credential plugin without a command")?;
-    let api_version = exec
-        .api_version
-        .as_deref()
-        .unwrap_or("client.authentication.k8s.io/v1");
-    let mut spec = serde_json::json!({"interactive": false});
-    if exec.provide_cluster_info {
-        spec["cluster"] = cluster_info(cluster)?;
-    }
-    let info = serde_json::json!({
-        "apiVersion": api_version,
-        "kind": "ExecCredential",
-        "spec": spec,
-    });
-    let mut cmd = Command::new(command);
-    cmd.args(exec.args.iter().flatten())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("KUBERNETES_EXEC_INFO", info.to_string());
-    for pair in exec.env.iter().flatten() {
-        if let (Some(name), Some(value)) = (pair.get("name"), pair.get("value")) {
-            cmd.env(name, value);
-        }
-    }
-    for name in exec.drop_env.iter().flatten() {
-        cmd.env_remove(name);
-    }
-    // A killed plexus must not leave its credential plugin running.
-    plexus_delegates::exec::die_with_parent(&mut cmd);
-    let out = output_within(cmd, EXEC_TIMEOUT).map_err(|e| BuildError {
-        reason: format!("exec credential plugin {command}: {e}"),
-        transient: e.kind() == std::io::ErrorKind::TimedOut,
-    })?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let first = stderr.lines().next().unwrap_or("").chars().take(200);
-        return Err(BuildError {
-            reason: format!(
-                "exec credential plugin {command} failed ({}): {}",
-                out.status,
-                first.collect::<String>()
-            ),
-            transient: true,
-        });
-    }
-    // The output holds the credential: its parse error is not echoed.
-    let cred: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|_| format!("exec credential plugin {command} printed no ExecCredential"))?;
-    let status = &cred["status"];
-    let text = |k: &str| {
-        status[k]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-    };
-    let token = text("token");
-    let client_pem = match (text("clientCertificateData"), text("clientKeyData")) {
-        (Some(c), Some(k)) => Some((c.into_bytes(), k.into_bytes())),
-        _ => None,
-    };
-    if token.is_none() && client_pem.is_none() {
-        return Err(format!(
-            "exec credential plugin {command} gave neither a token nor a client certificate"
-        )
-        .into());
-    }
-    Ok(ExecCredential { token, client_pem })
-}
-
-/// How long an exec credential plugin may run: a CNI call cannot wait for ever.
-const EXEC_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `cmd`'s exit status and output, killing it after `timeout`.
-fn output_within(mut cmd: Command, timeout: Duration) -> std::io::Result<std::process::Output> {
-    use std::io::Read;
-    let mut child = cmd.spawn()?;
-    // Drain both pipes while waiting, so a chatty plugin cannot block on a full pipe.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(p) = pipe {
-                let _ = p.take(1 << 20).read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = std::time::Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {timeout:?}"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Ok(std::process::Output {
-        status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    })
-}
-
 /// `spec.cluster` for a plugin with `provideClusterInfo` (client-go's `Cluster` fields that
 /// are set; the CA as data even when the kubeconfig names a file).
 fn cluster_info(cluster: &Cluster) -> Result<serde_json::Value, String> {
@@ -538,6 +415,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::config::ExecConfig;
 
     fn parse(yaml: &str) -> Kubeconfig {
         Kubeconfig::from_yaml(yaml).unwrap()
@@ -662,25 +540,6 @@ mod tests {
         assert_eq!(
             (ep.authority.as_str(), ep.host.as_str(), ep.port),
             ("[fd00::1]", "fd00::1", 443)
-        );
-    }
-
-    #[test]
-    fn exec_plugin_that_hangs_is_stopped() {
-        let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("slow.sh");
-        std::fs::write(&script, "#!/bin/sh\nsleep 30\n").unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let mut cmd = Command::new(&script);
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let start = std::time::Instant::now();
-        let err = output_within(cmd, Duration::from_millis(200)).unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            start.elapsed()
         );
     }
 

@@ -27,6 +27,7 @@ mod connect;
 mod dra;
 mod error;
 mod events;
+mod exec_credential;
 mod http1;
 mod kube_transport;
 mod nads;

@@ -1,0 +1,303 @@
+//! Building the plan: from the pod's resolved networks ([`PlanInput`]) to the validated
+//! attachments — interface names, each delegate's config with the capability args and
+//! `CNI_ARGS` injected, the devices handed out, and which attachment owns the default route.
+
+use super::{DeviceMap, PlanInput, PlannedAttachment, ResolvedNetwork};
+use crate::error::MetaError;
+use crate::pod::PodInfo;
+use plexus_conf::args::CniArgs;
+use plexus_conf::k8s::selection::NetworkSelection;
+use plexus_conf::netconf::NetConfList;
+use plexus_conf::result::is_v6;
+use plexus_conf::validate;
+use serde_json::{Map, Value};
+
+/// Plugin types that are meta-plugins themselves: never run as delegates.
+const META_PLUGINS: &[&str] = &["plexus", "plexus-shim", "multus", "multus-shim"];
+
+/// Hands out a pod's allocated devices: each network with a resource name takes the next
+/// device of that resource (sorted order, as Multus and OVN-Kubernetes do).
+struct DeviceAllocator<'a> {
+    devices: Option<&'a DeviceMap>,
+    next: std::collections::HashMap<String, usize>,
+}
+
+impl DeviceAllocator<'_> {
+    fn take(&mut self, net: &ResolvedNetwork, ctx: &str) -> Result<Option<String>, MetaError> {
+        let (Some(res), Some(devices)) = (net.resource_name.as_deref(), self.devices) else {
+            return Ok(None);
+        };
+        let idx = self.next.entry(res.to_string()).or_insert(0);
+        let id = devices
+            .get(res)
+            .and_then(|ids| ids.get(*idx))
+            .cloned()
+            .ok_or_else(|| MetaError::NoDeviceLeft {
+                pod: ctx.to_string(),
+                network: net.name.clone(),
+                resource: res.to_string(),
+                allocated: devices.get(res).map_or(0, Vec::len),
+            })?;
+        *idx += 1;
+        Ok(Some(id))
+    }
+}
+
+fn pod_ctx(pod: Option<&PodInfo>) -> String {
+    pod.map(|p| format!("pod {}", p.id.key()))
+        .unwrap_or_else(|| "static delegates".to_string())
+}
+
+/// Capability args an annotation requests for one attachment.
+fn requested_caps(sel: &NetworkSelection) -> Map<String, Value> {
+    let mut m = Map::new();
+    if !sel.ips.is_empty() {
+        m.insert("ips".into(), Value::from(sel.ips.clone()));
+    }
+    if let Some(mac) = &sel.mac {
+        m.insert("mac".into(), Value::from(mac.clone()));
+    }
+    if !sel.port_mappings.is_empty() {
+        m.insert(
+            "portMappings".into(),
+            Value::from(sel.port_mappings.clone()),
+        );
+    }
+    if let Some(b) = &sel.bandwidth {
+        m.insert("bandwidth".into(), b.clone());
+    }
+    if let Some(g) = &sel.infiniband_guid {
+        m.insert("infinibandGUID".into(), Value::from(g.clone()));
+    }
+    if let Some(d) = &sel.device_id {
+        m.insert("deviceID".into(), Value::from(d.clone()));
+    }
+    m
+}
+
+/// Whether some plugin of `list` can honour capability `cap`: it declares it, or (for `ips`
+/// and `mac`) it reads the legacy `CNI_ARGS` `IP=`/`MAC=` that plexus also sets.
+fn honoured(list: &NetConfList, cap: &str) -> bool {
+    list.plugins.iter().any(|p| {
+        p.has_capability(cap)
+            || (cap == "ips" && matches!(p.ipam_type(), Some("static" | "host-local")))
+            || (cap == "mac" && p.plugin_type() == "sriov")
+    })
+}
+
+/// Inject `args.cni` keys and a device ID into every plugin of a config.
+fn inject(config: &mut Value, cni_args: Option<&Map<String, Value>>, device_id: Option<&str>) {
+    let apply = |obj: &mut Map<String, Value>| {
+        if let Some(extra) = cni_args {
+            let args = obj
+                .entry("args")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !args.is_object() {
+                *args = Value::Object(Map::new());
+            }
+            let cni = args
+                .as_object_mut()
+                .map(|a| a.entry("cni").or_insert_with(|| Value::Object(Map::new())));
+            if let Some(cni) = cni {
+                if !cni.is_object() {
+                    *cni = Value::Object(Map::new());
+                }
+                if let Some(c) = cni.as_object_mut() {
+                    for (k, v) in extra {
+                        c.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        if let Some(d) = device_id {
+            obj.insert("deviceID".into(), Value::from(d));
+            obj.insert("pciBusID".into(), Value::from(d));
+        }
+    };
+    match config.get_mut("plugins").and_then(Value::as_array_mut) {
+        Some(plugins) => plugins
+            .iter_mut()
+            .filter_map(Value::as_object_mut)
+            .for_each(apply),
+        None => {
+            if let Some(o) = config.as_object_mut() {
+                apply(o)
+            }
+        }
+    }
+}
+
+fn delegate_args(base: &CniArgs, sel: Option<&NetworkSelection>) -> String {
+    let mut a = base.clone();
+    a.set("IgnoreUnknown", "1");
+    if let Some(sel) = sel {
+        if !sel.ips.is_empty() {
+            a.set("IP", &sel.ips.join(","));
+        }
+        if let Some(mac) = &sel.mac {
+            a.set("MAC", mac);
+        }
+    }
+    a.render()
+}
+
+/// Build and validate the plan.
+pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> {
+    let ctx = pod_ctx(input.pod);
+    let mut out: Vec<PlannedAttachment> = Vec::new();
+    let (default_net, default_if) = &input.default;
+    let default_ifname = default_if
+        .clone()
+        .unwrap_or_else(|| input.ifname.to_string());
+    out.push(PlannedAttachment {
+        network: default_net.name.clone(),
+        ifname: default_ifname,
+        is_default: true,
+        config: default_net.list.to_value(),
+        capability_args: input.runtime_config.clone(),
+        cni_args: delegate_args(input.cni_args, None),
+        default_route: Vec::new(),
+        filter_v4: false,
+        filter_v6: false,
+        resource_name: None,
+        dra: None,
+    });
+    let mut allocator = DeviceAllocator {
+        devices: input.devices,
+        next: Default::default(),
+    };
+    for net in &input.always {
+        let idx = out.len();
+        let mut config = net.list.to_value();
+        let mut capability_args = Map::new();
+        let allocated = allocator.take(net, &ctx)?;
+        if let Some(id) = &allocated {
+            inject(&mut config, None, Some(id));
+            capability_args.insert("deviceID".into(), Value::from(id.clone()));
+        }
+        out.push(PlannedAttachment {
+            network: net.name.clone(),
+            ifname: format!("net{idx}"),
+            is_default: false,
+            config,
+            capability_args,
+            cni_args: delegate_args(input.cni_args, None),
+            default_route: Vec::new(),
+            filter_v4: false,
+            filter_v6: false,
+            resource_name: allocated.and(net.resource_name.clone()),
+            dra: None,
+        });
+    }
+    for (sel, net) in &input.selected {
+        let idx = out.len();
+        let ifname = sel
+            .requested_interface()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("net{idx}"));
+        let mut caps = requested_caps(sel);
+        // A device the kubelet allocated for the NAD's resource is authoritative: it goes into
+        // the config (deviceID, pciBusID) and replaces any deviceID the pod asked for.
+        let allocated = allocator.take(net, &ctx)?;
+        if allocated.is_some() {
+            caps.remove("deviceID");
+        }
+        for cap in caps.keys() {
+            if !honoured(&net.list, cap) {
+                return Err(MetaError::CapabilityNotHonoured {
+                    pod: ctx.clone(),
+                    network: net.name.clone(),
+                    capability: cap.clone(),
+                    config_name: net.list.name.clone(),
+                });
+            }
+        }
+        let mut config = net.list.to_value();
+        // A pod's deviceID reaches the delegate only as runtimeConfig.deviceID, and only when the
+        // NAD declares the capability: a pod author must not pick any NIC of the node.
+        inject(&mut config, sel.cni_args.as_ref(), allocated.as_deref());
+        let resource_name = allocated.as_ref().and(net.resource_name.clone());
+        if let Some(id) = allocated {
+            caps.insert("deviceID".into(), Value::from(id));
+        }
+        out.push(PlannedAttachment {
+            network: net.name.clone(),
+            ifname,
+            is_default: false,
+            config,
+            capability_args: caps,
+            cni_args: delegate_args(input.cni_args, Some(sel)),
+            default_route: sel.default_route.clone(),
+            filter_v4: false,
+            filter_v6: false,
+            resource_name,
+            dra: None,
+        });
+    }
+    // Interface names: valid and unique.
+    for (i, a) in out.iter().enumerate() {
+        validate::interface_name(&a.ifname).map_err(|source| MetaError::InterfaceName {
+            pod: ctx.clone(),
+            network: a.network.clone(),
+            source: source.into(),
+        })?;
+        if let Some(prev) = out[..i].iter().find(|p| p.ifname == a.ifname) {
+            return Err(MetaError::DuplicateInterface {
+                pod: ctx.clone(),
+                ifname: a.ifname.clone(),
+                first: prev.network.clone(),
+                second: a.network.clone(),
+            });
+        }
+    }
+    for a in &out {
+        let list = a.list()?;
+        if let Some(p) = list
+            .plugins
+            .iter()
+            .find(|p| META_PLUGINS.contains(&p.plugin_type()))
+        {
+            return Err(MetaError::MetaPluginDelegate {
+                pod: ctx.clone(),
+                network: a.network.clone(),
+                plugin_type: p.plugin_type().to_string(),
+            });
+        }
+        // A version plexus cannot speak fails now, before any delegate runs (at ADD it would
+        // fail after the networks before it were added, and so would its rollback DEL).
+        plexus_conf::version::precheck(&list.cni_version, &list.cni_versions).map_err(
+            |source| MetaError::PlanInvalid {
+                pod: ctx.clone(),
+                source: Box::new(MetaError::NetworkConfig {
+                    network: a.network.clone(),
+                    source: source.into(),
+                }),
+            },
+        )?;
+    }
+    apply_default_route(&mut out, &ctx)?;
+    Ok(out)
+}
+
+/// At most one gateway per family across the pod (no ECMP); every other attachment drops its
+/// default route of a family that some attachment claims.
+fn apply_default_route(plan: &mut [PlannedAttachment], ctx: &str) -> Result<(), MetaError> {
+    let mut owner4: Option<usize> = None;
+    let mut owner6: Option<usize> = None;
+    for (i, a) in plan.iter().enumerate() {
+        for gw in &a.default_route {
+            let slot = if is_v6(gw) { &mut owner6 } else { &mut owner4 };
+            if slot.is_some() {
+                return Err(MetaError::MultipleDefaultRoutes {
+                    pod: ctx.to_string(),
+                });
+            }
+            *slot = Some(i);
+        }
+    }
+    for (i, a) in plan.iter_mut().enumerate() {
+        a.filter_v4 = owner4.is_some_and(|o| o != i);
+        a.filter_v6 = owner6.is_some_and(|o| o != i);
+    }
+    Ok(())
+}
