@@ -1,13 +1,13 @@
 //! `Http1Transport`: the thin plugin's HTTP/1.1 client for its few API requests.
 //!
 //! A CNI call makes three to five small requests and exits, so this needs no HTTP/2, no
-//! connection manager and no middleware stack: it writes each request in one piece on a
-//! TCP_NODELAY socket (plain or rustls), reads the answer by `Content-Length`, chunked coding
-//! or end of stream, and keeps idle connections for the next request. A request that fails on
-//! a reused connection before any answer arrived is sent once more on a new one (the server
-//! may have closed it while idle). Keeping `kube` out of the thin binary's code path is what
-//! lets it shrink (docs/performance.md).
-#![cfg_attr(feature = "hyper-http1", allow(dead_code, unused_imports))]
+//! connection manager and no middleware stack: it connects (TCP_NODELAY, plain or rustls),
+//! hands each connection to hyper's low-level HTTP/1.1 client connection (`hyper_framing`),
+//! and keeps idle connections for the next request. A request that fails on a reused
+//! connection before the server can have acted on it is sent once more on a new one (the
+//! server may have closed it while idle). Keeping `kube` out of the thin binary's code path is
+//! what lets it shrink (docs/performance.md); why hyper frames the requests and not code of
+//! our own is measured in docs/design.md.
 
 use std::io;
 use std::net::SocketAddr;
@@ -16,23 +16,16 @@ use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-#[cfg(feature = "hyper-http1")]
 mod hyper_framing;
 
 use super::error::chain as error_chain;
 use super::transport::{Request, Response, SendFuture, Transport, TransportError};
 
-/// Largest response head accepted.
-const MAX_HEAD: usize = 64 * 1024;
 /// Largest response body accepted (a pod is a few KiB; a ResourceSlice list can be large).
 pub(crate) const MAX_BODY: usize = 32 * 1024 * 1024;
-/// Read buffer size.
-const CHUNK: usize = 16 * 1024;
-/// Most header fields accepted in an answer.
-const MAX_HEADERS: usize = 128;
 /// Connect time allowed to an address when more addresses are left to try (client-go and
 /// hyper move on to the next address family after about as long).
 const NEXT_ADDRESS_AFTER: Duration = Duration::from_millis(300);
@@ -67,14 +60,7 @@ impl std::fmt::Debug for Endpoint {
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// One connection to the API server.
-#[cfg(not(feature = "hyper-http1"))]
-struct Conn {
-    io: Box<dyn Io>,
-}
-
 /// One connection to the API server, framed by hyper's HTTP/1.1 client connection.
-#[cfg(feature = "hyper-http1")]
 struct Conn {
     sender: hyper_framing::Sender,
 }
@@ -155,79 +141,14 @@ impl Http1Transport {
                 Box::new(tls)
             }
         };
-        #[cfg(not(feature = "hyper-http1"))]
-        return Ok(Conn { io });
-        #[cfg(feature = "hyper-http1")]
-        return Ok(Conn {
+        Ok(Conn {
             sender: hyper_framing::handshake(io).await?,
-        });
+        })
     }
 
-    /// The request's bytes: head and body, written in one piece.
-    #[cfg(not(feature = "hyper-http1"))]
-    fn encode(&self, req: &Request) -> Vec<u8> {
-        let path = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let mut out = Vec::with_capacity(512 + req.body().len());
-        out.extend_from_slice(req.method().as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(self.endpoint.base_path.as_bytes());
-        out.extend_from_slice(path.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-        out.extend_from_slice(self.endpoint.authority.as_bytes());
-        out.extend_from_slice(b"\r\n");
-        let mut header = |name: &HeaderName, value: &HeaderValue| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        };
-        for (name, value) in &self.headers {
-            header(name, value);
-        }
-        for (name, value) in req.headers() {
-            if name != http::header::HOST && name != http::header::CONTENT_LENGTH {
-                header(name, value);
-            }
-        }
-        if !req.headers().contains_key(http::header::ACCEPT) {
-            out.extend_from_slice(b"Accept: application/json\r\n");
-        }
-        let method = req.method();
-        if !req.body().is_empty() || !(method == http::Method::GET || method == http::Method::HEAD)
-        {
-            out.extend_from_slice(format!("Content-Length: {}\r\n", req.body().len()).as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(req.body());
-        out
-    }
-
-    #[cfg(feature = "hyper-http1")]
     async fn exchange(&self, conn: &mut Conn, req: &Request) -> Exchange {
         let req = hyper_framing::request(&self.endpoint, &self.headers, req);
         hyper_framing::exchange(&mut conn.sender, req).await
-    }
-
-    #[cfg(not(feature = "hyper-http1"))]
-    async fn exchange(&self, conn: &mut Conn, req: &Request) -> Exchange {
-        let bytes = &self.encode(req);
-        if let Err(e) = conn.io.write_all(bytes).await {
-            return Exchange::NotSent(TransportError::Unreachable(format!("write: {e}")));
-        }
-        if let Err(e) = conn.io.flush().await {
-            return Exchange::NotSent(TransportError::Unreachable(format!("write: {e}")));
-        }
-        match read_response(&mut conn.io, req.method() == http::Method::HEAD).await {
-            // The server may have acted on a request it did not answer: only a request that is
-            // safe to repeat counts as not sent.
-            Exchange::NotAnswered(e) if is_idempotent(req.method()) => Exchange::NotSent(e),
-            Exchange::NotAnswered(e) => Exchange::Broken(e),
-            other => other,
-        }
     }
 }
 
@@ -245,8 +166,6 @@ impl Transport for Http1Transport {
                         response,
                         keep_alive,
                     } => {
-                        #[cfg(feature = "hyper-http1")]
-                        let keep_alive = keep_alive && !conn.sender.is_closed();
                         if keep_alive {
                             self.idle
                                 .lock()
@@ -261,7 +180,7 @@ impl Transport for Http1Transport {
                         conn = self.connect().await?;
                         reused = false;
                     }
-                    Exchange::NotSent(e) | Exchange::NotAnswered(e) | Exchange::Broken(e) => {
+                    Exchange::NotSent(e) | Exchange::Broken(e) => {
                         return Err(e)
                     }
                 }
@@ -280,8 +199,6 @@ enum Exchange {
     /// The request did not reach the server, or is safe to send again: nothing of an answer
     /// arrived.
     NotSent(TransportError),
-    /// A request that is not safe to repeat got no answer at all.
-    NotAnswered(TransportError),
     /// Part of an answer arrived, then it failed.
     Broken(TransportError),
 }
@@ -292,219 +209,6 @@ fn is_idempotent(method: &http::Method) -> bool {
         *method,
         http::Method::GET | http::Method::HEAD | http::Method::PUT | http::Method::DELETE
     )
-}
-
-/// Read one answer (skipping `1xx` interim ones).
-async fn read_response(io: &mut Box<dyn Io>, head_only: bool) -> Exchange {
-    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
-    loop {
-        let (head_len, status, mut headers, http10) = loop {
-            let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut parsed = httparse::Response::new(&mut slots);
-            match parsed.parse(&buf) {
-                Ok(httparse::Status::Complete(n)) => {
-                    let status = parsed.code.unwrap_or(0);
-                    let http10 = parsed.version == Some(0);
-                    let mut headers = http::HeaderMap::new();
-                    for h in parsed.headers.iter() {
-                        if let (Ok(name), Ok(value)) = (
-                            HeaderName::from_bytes(h.name.as_bytes()),
-                            HeaderValue::from_bytes(h.value),
-                        ) {
-                            headers.append(name, value);
-                        }
-                    }
-                    break (n, status, headers, http10);
-                }
-                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
-                Ok(httparse::Status::Partial) => {
-                    return Exchange::Broken(TransportError::Other(format!(
-                        "answer head over {MAX_HEAD} bytes"
-                    )))
-                }
-                Err(e) => {
-                    return Exchange::Broken(TransportError::Other(format!(
-                        "malformed answer: {e}"
-                    )))
-                }
-            }
-            match read_more(io, &mut buf).await {
-                Ok(0) if buf.is_empty() => {
-                    return Exchange::NotAnswered(TransportError::Unreachable(
-                        "connection closed before an answer".into(),
-                    ))
-                }
-                Ok(0) => {
-                    return Exchange::Broken(TransportError::Unreachable(
-                        "connection closed in the answer's head".into(),
-                    ))
-                }
-                Ok(_) => {}
-                Err(e) if buf.is_empty() => {
-                    return Exchange::NotAnswered(TransportError::Unreachable(format!("read: {e}")))
-                }
-                Err(e) => {
-                    return Exchange::Broken(TransportError::Unreachable(format!("read: {e}")))
-                }
-            }
-        };
-        buf.drain(..head_len);
-        if (100..200).contains(&status) {
-            continue;
-        }
-        let close = header_has(&headers, http::header::CONNECTION, "close");
-        let no_body = head_only || status == 204 || status == 304;
-        let body = if no_body {
-            Ok((Vec::new(), true))
-        } else if header_has(&headers, http::header::TRANSFER_ENCODING, "chunked") {
-            read_chunked(io, &mut buf).await.map(|b| (b, true))
-        } else {
-            match content_length(&headers) {
-                Ok(Some(len)) => read_exact_body(io, &mut buf, len).await.map(|b| (b, true)),
-                Ok(None) => read_to_end(io, &mut buf).await.map(|b| (b, false)),
-                Err(e) => Err(e),
-            }
-        };
-        let (body, reusable) = match body {
-            Ok(b) => b,
-            Err(e) => return Exchange::Broken(e),
-        };
-        headers.remove(http::header::TRANSFER_ENCODING);
-        let mut response = Response::new(body);
-        *response.status_mut() = match http::StatusCode::from_u16(status) {
-            Ok(s) => s,
-            Err(_) => {
-                return Exchange::Broken(TransportError::Other(format!("invalid status {status}")))
-            }
-        };
-        *response.headers_mut() = headers;
-        return Exchange::Answered {
-            response,
-            keep_alive: reusable && !close && !http10 && buf.is_empty(),
-        };
-    }
-}
-
-/// Read what is available into `buf`; the number of bytes read (0 at end of stream).
-async fn read_more(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let start = buf.len();
-    buf.resize(start + CHUNK, 0);
-    let res = io.read(&mut buf[start..]).await;
-    buf.truncate(start + *res.as_ref().unwrap_or(&0));
-    res
-}
-
-/// True when a comma-separated header contains `token` (case-insensitive).
-fn header_has(headers: &http::HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-            .unwrap_or(false)
-    })
-}
-
-/// The body length an answer declares: `Ok(None)` without `Content-Length`, an error when
-/// the values are not one number (RFC 9110 §8.6 allows a list of identical values).
-fn content_length(headers: &http::HeaderMap) -> Result<Option<usize>, TransportError> {
-    let mut len = None;
-    for value in headers.get_all(http::header::CONTENT_LENGTH) {
-        for part in value.to_str().unwrap_or("x").split(',') {
-            let n: usize = part.trim().parse().map_err(|_| {
-                TransportError::Other("malformed answer: invalid Content-Length".into())
-            })?;
-            if len.is_some_and(|l| l != n) {
-                return Err(TransportError::Other(
-                    "malformed answer: conflicting Content-Length values".into(),
-                ));
-            }
-            len = Some(n);
-        }
-    }
-    Ok(len)
-}
-
-fn too_large() -> TransportError {
-    TransportError::Other(format!("answer body over {MAX_BODY} bytes"))
-}
-
-fn closed_early() -> TransportError {
-    TransportError::Unreachable("connection closed in the answer's body".into())
-}
-
-fn read_error(e: io::Error) -> TransportError {
-    TransportError::Unreachable(format!("read: {e}"))
-}
-
-async fn read_exact_body(
-    io: &mut Box<dyn Io>,
-    buf: &mut Vec<u8>,
-    len: usize,
-) -> Result<Vec<u8>, TransportError> {
-    if len > MAX_BODY {
-        return Err(too_large());
-    }
-    while buf.len() < len {
-        if read_more(io, buf).await.map_err(read_error)? == 0 {
-            return Err(closed_early());
-        }
-    }
-    Ok(buf.drain(..len).collect())
-}
-
-async fn read_to_end(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>, TransportError> {
-    while read_more(io, buf).await.map_err(read_error)? != 0 {
-        if buf.len() > MAX_BODY {
-            return Err(too_large());
-        }
-    }
-    Ok(std::mem::take(buf))
-}
-
-/// One CRLF-terminated line from `buf` (reading more as needed), without the CRLF.
-async fn read_line(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>, TransportError> {
-    loop {
-        if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
-            let line = buf[..i].to_vec();
-            buf.drain(..i + 2);
-            return Ok(line);
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(TransportError::Other("chunk line too long".into()));
-        }
-        if read_more(io, buf).await.map_err(read_error)? == 0 {
-            return Err(closed_early());
-        }
-    }
-}
-
-/// A `Transfer-Encoding: chunked` body (RFC 9112 §7.1), trailers skipped.
-async fn read_chunked(io: &mut Box<dyn Io>, buf: &mut Vec<u8>) -> Result<Vec<u8>, TransportError> {
-    let mut body = Vec::new();
-    loop {
-        let line = read_line(io, buf).await?;
-        let size = std::str::from_utf8(&line)
-            .ok()
-            .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
-            .ok_or_else(|| TransportError::Other("malformed chunk size".into()))?;
-        if size == 0 {
-            // Trailer fields, then the empty line.
-            while !read_line(io, buf).await?.is_empty() {}
-            return Ok(body);
-        }
-        if size > MAX_BODY - body.len() {
-            return Err(too_large());
-        }
-        while buf.len() < size + 2 {
-            if read_more(io, buf).await.map_err(read_error)? == 0 {
-                return Err(closed_early());
-            }
-        }
-        if &buf[size..size + 2] != b"\r\n" {
-            return Err(TransportError::Other("malformed chunk".into()));
-        }
-        body.extend_from_slice(&buf[..size]);
-        buf.drain(..size + 2);
-    }
 }
 
 #[cfg(test)]
@@ -723,7 +427,6 @@ mod tests {
                 (Ok(r), true) => assert_eq!(r.body().as_slice(), b"{}"),
                 (Err(TransportError::Other(_)), false) => {}
                 // hyper takes the chunk size as given and reads until the server closes.
-                #[cfg(feature = "hyper-http1")]
                 (Err(TransportError::Unreachable(_)), false) if answer == HUGE_CHUNK => {}
                 (other, _) => panic!("{}: {other:?}", String::from_utf8_lossy(answer)),
             }

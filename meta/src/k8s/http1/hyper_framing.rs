@@ -1,5 +1,5 @@
-//! The `hyper-http1` feature's framing: each connection is a `hyper::client::conn::http1`
-//! client connection (its own task), in place of the own request writer and answer reader.
+//! The framing: each connection is a `hyper::client::conn::http1` client connection driven by
+//! its own task; this module turns a [`Request`] into hyper's and reads the whole answer.
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
