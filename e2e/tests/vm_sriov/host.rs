@@ -127,6 +127,8 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     if !st.success() {
         return Err("scripts/vm-initramfs.sh failed".into());
     }
+    // The node cases' control plane (None: no PLEXUS_K8S_BIN); it outlives QEMU.
+    let node = crate::node_host::prepare(&out).map_err(|e| format!("node cases: {e:#}"))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let console = out.join("console.log");
     let mut append = format!(
@@ -154,6 +156,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         accel: &accel,
         out: &out,
         console: &console,
+        extra: node.as_ref().map(|n| n.qemu_args.as_slice()).unwrap_or(&[]),
     };
     println!(
         "vm_sriov: booting QEMU ({accel}, igb PF) with {}; waiting up to {timeout} s",
@@ -214,6 +217,7 @@ struct Boot<'a> {
     accel: &'a str,
     out: &'a Path,
     console: &'a Path,
+    extra: &'a [String],
 }
 
 impl Boot<'_> {
@@ -229,9 +233,15 @@ impl Boot<'_> {
             }
             None => Command::new(self.qemu),
         };
+        // A node (kubelet, containerd, flanneld, sriovdp) needs more memory than the cases alone.
+        let mem = if self.extra.is_empty() {
+            "1536"
+        } else {
+            "3072"
+        };
         let child = cmd
             .args([
-                "-accel", self.accel, "-machine", "q35", "-m", "1536", "-smp", "2",
+                "-accel", self.accel, "-machine", "q35", "-m", mem, "-smp", "2",
             ])
             .args([
                 "-nodefaults",
@@ -262,6 +272,7 @@ impl Boot<'_> {
                 "local,path={},mount_tag=out,security_model=none",
                 self.out.display()
             ))
+            .args(self.extra)
             .arg("-serial")
             .arg(format!("file:{}", self.console.display()))
             .stdin(Stdio::null())

@@ -20,9 +20,12 @@ mod common;
 mod cases;
 mod cases_fail;
 mod cases_fidelity;
+mod cases_node;
 mod cases_plexus;
 mod guest;
 mod host;
+mod node;
+mod node_host;
 mod vf;
 
 fn main() {

@@ -1,0 +1,359 @@
+//! Inside the VM, after the delegate cases: the bank pod end to end on a real node (`node`):
+//! the kubelet allocates a VF that sriovdp advertises, plexus (installed by deploy/install.sh,
+//! flannel as eth0) finds it through the kubelet's pod-resources API (and through the
+//! checkpoint when that socket is gone) and `sriov` configures it. Each case checks the pod, the
+//! netns, the PF's view of the VF and, after delete, that the VF is exactly as before.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use plexus_e2e::realk8s::cri::Cri;
+use serde_json::{json, Value};
+
+use crate::node::{Node, DEVINFO_DIR, RESOURCE};
+use crate::vf::{link_summary, wait_for, Pf, VfSnap};
+
+/// Namespace of the bank pods.
+const NS: &str = "bank";
+/// The bank NAD's MAC and address.
+const MAC: &str = "02:42:ac:11:00:0a";
+const IP: &str = "10.56.217.10/24";
+
+/// The bank NAD: sriov, VLAN 100, QoS 3, static IP, MAC, spoofchk, trust, rate, MTU, by
+/// resource name (no deviceID: the kubelet's allocation decides the VF).
+pub fn bank_nad(name: &str, cni_type: &str) -> Value {
+    let cfg = json!({"cniVersion":"1.0.0","name":name,"type":cni_type,"vlan":100,"vlanQoS":3,
+        "mac":MAC,"spoofchk":"on","trust":"on","max_tx_rate":100,"mtu":9000,
+        "ipam":{"type":"static","addresses":[{"address":IP,"gateway":"10.56.217.1"}]}});
+    json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+        "metadata":{"name":name,"namespace":NS,
+            "annotations":{"k8s.v1.cni.cncf.io/resourceName":RESOURCE}},
+        "spec":{"config":cfg.to_string()}})
+}
+
+/// The bank pod: one VF by extended resource, the NAD as its second network.
+pub fn bank_pod(name: &str, node: &str, nad: &str) -> Value {
+    json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":NS,
+        "annotations":{"k8s.v1.cni.cncf.io/networks":nad}},
+        "spec":{"nodeName":node,"terminationGracePeriodSeconds":2,
+            "automountServiceAccountToken":false,"enableServiceLinks":false,"containers":[{"name":"db",
+            "image":"local/pause:1","imagePullPolicy":"Never",
+            "resources":{"requests":{RESOURCE:"1"},"limits":{RESOURCE:"1"}}}]}})
+}
+
+/// What the runner records.
+pub type Record<'a> = &'a mut dyn FnMut(Value);
+
+/// Runs the node cases; `filters` as PLEXUS_VM_CASES.
+pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
+    let selected = |n: &str| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str()));
+    if !selected("node_") {
+        return;
+    }
+    let t = Instant::now();
+    let node = Node::start(outdir);
+    let mut node = match node {
+        Ok(n) => {
+            record(
+                json!({"case":"node_kubelet_containerd_flannel_plexus_sriovdp_ready","ok":true,
+                "secs":t.elapsed().as_secs_f64(),"detail":""}),
+            );
+            record(json!({"note": format!(
+                "node in the VM (containerd, kubelet, flanneld, install.sh, sriovdp) ready in {:.1} s",
+                t.elapsed().as_secs_f64())}));
+            n
+        }
+        Err(e) => {
+            record(
+                json!({"case":"node_kubelet_containerd_flannel_plexus_sriovdp_ready",
+                "ok":false,"secs":t.elapsed().as_secs_f64(),"detail":e}),
+            );
+            return;
+        }
+    };
+    let cases: &[(&str, fn(&mut Node, &Pf, Record<'_>) -> Result<(), String>)] = &[
+        (
+            "node_bank_pod_by_device_plugin_pod_resources",
+            bank_by_device_plugin,
+        ),
+        (
+            "node_bank_pod_by_checkpoint_when_pod_resources_is_gone",
+            bank_by_checkpoint,
+        ),
+    ];
+    for (name, f) in cases {
+        if !selected(name) {
+            continue;
+        }
+        let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+        let t = Instant::now();
+        let mut r = f(&mut node, pf, record);
+        let after: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+        if r.is_ok() && after != before {
+            r = Err(format!(
+                "a VF changed:\n  before {before:?}\n  after  {after:?}"
+            ));
+        }
+        if let Err(e) = &r {
+            println!("vm-node: {name} FAILED: {e}");
+            let _ = node.kubectl(&[
+                "-n",
+                NS,
+                "delete",
+                "pods",
+                "--all",
+                "--grace-period=0",
+                "--force",
+            ]);
+        }
+        record(
+            json!({"case":name,"ok":r.is_ok(),"secs":t.elapsed().as_secs_f64(),
+            "detail": r.err().map(|e| format!("{e}\n--- kubelet.log:\n{}\n--- plexus.log:\n{}",
+                crate::node::log_tail("kubelet", 10), crate::node::log_tail("plexus", 10))).unwrap_or_default()}),
+        );
+    }
+    let _ = node.kubectl(&["delete", "namespace", NS, "--wait=false"]);
+    node.stop();
+}
+
+fn setup_ns(node: &Node, nad: &Value) -> Result<(), String> {
+    if node.get(&["namespace", NS]).is_err() {
+        node.apply(&json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":NS}}))?;
+        node.apply(&json!({"apiVersion":"v1","kind":"ServiceAccount",
+            "metadata":{"name":"default","namespace":NS}}))?;
+    }
+    node.apply(nad).map(drop)
+}
+
+/// Creates the pod and waits for Running; the create→Running time.
+pub fn create_running(node: &Node, pod: &Value) -> Result<(Value, Duration), String> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let t = Instant::now();
+    node.apply(pod)?;
+    let mut last = Value::Null;
+    let ok = wait_for(Duration::from_secs(180), || {
+        last = node.get(&["-n", NS, "pod", name]).unwrap_or(Value::Null);
+        last["status"]["phase"] == "Running"
+    });
+    let took = t.elapsed();
+    match ok {
+        Some(_) => Ok((last, took)),
+        None => {
+            let ev = node
+                .kubectl(&[
+                    "-n",
+                    NS,
+                    "get",
+                    "events",
+                    "--field-selector",
+                    &format!("involvedObject.name={name}"),
+                ])
+                .unwrap_or_default();
+            Err(format!(
+                "pod {name} not Running in 180 s: {}\nevents:\n{ev}",
+                last["status"]
+            ))
+        }
+    }
+}
+
+/// Deletes the pod and waits until it is gone.
+pub fn delete_gone(node: &Node, name: &str) -> Result<Duration, String> {
+    let t = Instant::now();
+    node.kubectl(&["-n", NS, "delete", "pod", name, "--wait=false"])?;
+    wait_for(Duration::from_secs(120), || {
+        node.kubectl(&["-n", NS, "get", "pod", name]).is_err()
+    })
+    .ok_or(format!("pod {name} still there 120 s after delete"))?;
+    Ok(t.elapsed())
+}
+
+/// The bank pod's VF: network-status' device-info PCI address, its VF index, the netns name.
+struct Attached {
+    pci: String,
+    vf: u32,
+    netns: String,
+}
+
+fn check_attached(pf: &Pf, pod: &Value, nad: &str) -> Result<Attached, String> {
+    let ann = pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+        .as_str()
+        .ok_or(format!("no network-status on the pod: {}", pod["metadata"]))?;
+    let status: Value = serde_json::from_str(ann).map_err(|e| e.to_string())?;
+    let entries = status.as_array().cloned().unwrap_or_default();
+    let eth0 = entries
+        .iter()
+        .find(|e| e["interface"] == "eth0" || e["default"] == true);
+    let eth0 = eth0.ok_or(format!("no default network: {status}"))?;
+    if eth0["name"] != "cbr0"
+        || !eth0["ips"][0]
+            .as_str()
+            .is_some_and(|i| i.starts_with("10.244.0."))
+    {
+        return Err(format!("eth0 is not flannel's: {eth0}"));
+    }
+    let want_name = format!("{NS}/{nad}");
+    let e = entries
+        .iter()
+        .find(|e| e["name"] == want_name.as_str())
+        .ok_or(format!("no {want_name} in network-status: {status}"))?;
+    let pci = e["device-info"]["pci"]["pci-address"]
+        .as_str()
+        .ok_or(format!("no device-info in {e}"))?
+        .to_string();
+    if e["interface"] != "net1" || e["mac"] != MAC || e["ips"] != json!([IP.split('/').next()]) {
+        return Err(format!("network-status entry: {e}"));
+    }
+    let vf = (0..crate::guest::NUM_VFS)
+        .find(|&i| pf.vf_pci(i).as_deref() == Some(pci.as_str()))
+        .ok_or(format!("{pci} is not a VF of {}", pf.name))?;
+    // The kubelet allocated exactly that VF to this pod (its checkpoint) and sriovdp wrote
+    // the device-info file for it.
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    let cp = std::fs::read_to_string("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+        .map_err(|e| format!("kubelet checkpoint: {e}"))?;
+    let cpj: Value = serde_json::from_str(&cp).map_err(|e| e.to_string())?;
+    let entries_cp = cpj["Data"]["PodDeviceEntries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !entries_cp.iter().any(|x| {
+        x["PodUID"] == uid
+            && x["ResourceName"] == RESOURCE
+            && x["DeviceIDs"].to_string().contains(&pci)
+    }) {
+        return Err(format!(
+            "the kubelet's checkpoint does not give {pci} to pod {uid}: {cp}"
+        ));
+    }
+    let dp_file = format!("{DEVINFO_DIR}/intel.com-sriov_igb-{pci}-device.json");
+    if !Path::new(&dp_file).exists() {
+        return Err(format!("sriovdp wrote no {dp_file}"));
+    }
+    if e["device-info"]["pci"]["pci-address"] != json!(pci) || e["device-info"]["type"] != "pci" {
+        return Err(format!("device-info: {e}"));
+    }
+    // In the pod: net1 is that VF with the MAC, MTU and address.
+    let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
+    let sb = cri
+        .sandboxes(Some(uid))
+        .map_err(|e| format!("CRI: {e:#}"))?;
+    let sb = sb.first().ok_or("no sandbox for the pod")?;
+    let netns_path = cri.sandbox_netns(&sb.id).map_err(|e| format!("{e:#}"))?;
+    let netns = Path::new(&netns_path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let l = link_summary(Some(&netns), "net1");
+    if l != json!({"ifname":"net1","address":MAC,"mtu":9000,"up":true}) {
+        return Err(format!("net1 in the pod: {l}"));
+    }
+    let drv = crate::vf::sh(&["ip", "netns", "exec", &netns, "ethtool", "-i", "net1"])
+        .unwrap_or_default();
+    if !drv.contains(&pci) && !drv.is_empty() {
+        return Err(format!("net1 is not {pci}: {drv}"));
+    }
+    let addrs = crate::vf::sh(&["ip", "-n", &netns, "-j", "addr", "show", "net1"])?;
+    if !addrs.contains("10.56.217.10") {
+        return Err(format!("net1 has no {IP}: {addrs}"));
+    }
+    // The PF's view.
+    let v = pf.vfinfo(vf);
+    let ok = v["address"] == MAC
+        && v["vlan_list"] == json!([{"vlan":100,"qos":3}])
+        && v["spoofchk"] == true
+        && v["trust"] == true
+        && v["rate"]["max_tx"] == 100;
+    if !ok {
+        return Err(format!("PF side of VF {vf}: {v}"));
+    }
+    // Plexus' own device-info file for the attachment.
+    if devinfo_cni_files().is_empty() {
+        return Err("plexus wrote no attachment device-info file".into());
+    }
+    Ok(Attached { pci, vf, netns })
+}
+
+fn devinfo_cni_files() -> Vec<String> {
+    std::fs::read_dir(format!("{}/../cni", DEVINFO_DIR))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn check_released(pf: &Pf, a: &Attached, before: &VfSnap) -> Result<(), String> {
+    let after = pf.snap(a.vf);
+    if &after != before {
+        return Err(format!(
+            "VF {} ({}) not restored:\n  before {before:?}\n  after  {after:?}",
+            a.vf, a.pci
+        ));
+    }
+    let v = &after.pf_side;
+    if v["vlan_list"].as_array().is_some_and(|l| !l.is_empty())
+        && v["vlan_list"] != json!([{"vlan":0,"qos":0}])
+        || v["trust"] == true
+        || v["rate"]["max_tx"].as_u64().unwrap_or(0) != 0
+    {
+        return Err(format!("VF {} PF side after delete: {v}", a.vf));
+    }
+    if Path::new(&format!("/run/netns/{}", a.netns)).exists() {
+        return Err(format!("netns {} still there", a.netns));
+    }
+    let left = devinfo_cni_files();
+    if !left.is_empty() {
+        return Err(format!("attachment device-info files left: {left:?}"));
+    }
+    Ok(())
+}
+
+fn plexus_log_mentions(s: &str) -> bool {
+    std::fs::read_to_string("/tmp/node/plexus.log").is_ok_and(|l| l.contains(s))
+}
+
+const FALLBACK: &str = "pod-resources API unavailable; reading the device checkpoint";
+
+fn bank_once(
+    node: &mut Node,
+    pf: &Pf,
+    record: Record<'_>,
+    pod_name: &str,
+    label: &str,
+) -> Result<Attached, String> {
+    let nad = bank_nad("bank", "sriov");
+    setup_ns(node, &nad)?;
+    let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+    let (pod, took) = create_running(node, &bank_pod(pod_name, &node.name, "bank"))?;
+    let a = check_attached(pf, &pod, "bank")?;
+    let gone = delete_gone(node, pod_name)?;
+    // The kubelet tears the sandbox down after the pod object is gone: wait for the VF.
+    let b = before[a.vf as usize].clone();
+    wait_for(Duration::from_secs(60), || pf.snap(a.vf) == b);
+    check_released(pf, &a, &b)?;
+    record(json!({"note": format!(
+        "bank pod ({label}): create→Running {:.1} s, delete→gone {:.1} s, VF {} ({})",
+        took.as_secs_f64(), gone.as_secs_f64(), a.vf, a.pci)}));
+    Ok(a)
+}
+
+fn bank_by_device_plugin(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    bank_once(node, pf, record, "pg-0", "device plugin, pod-resources API")?;
+    if plexus_log_mentions(FALLBACK) {
+        return Err("plexus fell back to the checkpoint while the pod-resources API was up".into());
+    }
+    Ok(())
+}
+
+fn bank_by_checkpoint(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    // The socket gone (the kubelet keeps running): plexus must read the checkpoint.
+    std::fs::remove_file("/var/lib/kubelet/pod-resources/kubelet.sock")
+        .map_err(|e| format!("remove the pod-resources socket: {e}"))?;
+    bank_once(node, pf, record, "pg-1", "device plugin, checkpoint")?;
+    if !plexus_log_mentions(FALLBACK) {
+        return Err("plexus did not log the checkpoint fallback".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! Host side of the node cases: a real control plane (etcd + kube-apiserver, the realk8s rig) on
+//! the host's loopback, reached from the VM through QEMU's user network: a second NIC
+//! (virtio-net) on a `restrict=on` user network whose only way out is a `guestfwd` of
+//! 10.0.2.100:<port> to the apiserver (each connection relayed by `busybox nc`). The VM then only
+//! carries what a node carries (containerd, kubelet, flanneld, sriovdp, plexus), and the
+//! apiserver's serving certificate for 127.0.0.1 stays valid: the guest relays 127.0.0.1:<port>
+//! to 10.0.2.100:<port>.
+//!
+//! Everything the guest needs goes into `<out>/node/` (the writable 9p share): `node.json`
+//! (paths of the binaries, which the guest sees at the same paths over the read-only host root,
+//! the port, the node name), the kubelet's and the admin's kubeconfigs, plexus' ServiceAccount
+//! token and the pause image.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use plexus_e2e::realk8s::bins::{find_usable, target_dir};
+use plexus_e2e::realk8s::{pause, ControlPlane, K8sBins, Proc};
+use serde_json::json;
+
+use crate::common::bin_dir;
+
+/// Guest-side address QEMU's guestfwd listens on.
+pub const GUEST_FWD_IP: &str = "10.0.2.100";
+
+/// The running control plane; dropping it stops everything (after QEMU has gone).
+pub struct NodeHost {
+    /// Extra QEMU arguments (the second NIC and its user network).
+    pub qemu_args: Vec<String>,
+    // Drop order: processes before the control plane.
+    _scheduler: Option<Proc>,
+    _controller_manager: Option<Proc>,
+    _cp: ControlPlane,
+}
+
+/// `Ok(None)`: no `PLEXUS_K8S_BIN` (the node cases are skipped, with a note, unless
+/// `PLEXUS_K8S_REQUIRE=1`, which makes that an error).
+pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
+    let Some(bins) = K8sBins::from_env()? else {
+        if plexus_e2e::realk8s::bins::required() {
+            anyhow::bail!(
+                "PLEXUS_K8S_REQUIRE=1 but {}",
+                plexus_e2e::realk8s::bins::skip_message()
+            );
+        }
+        return Ok(None);
+    };
+    // `../shared/<dir>/bin`, found next to PLEXUS_K8S_BIN (`../shared/k8s/bin`) like the
+    // overlay rig does; PLEXUS_OVERLAYS_BIN / PLEXUS_SRIOV_STACK_BIN override.
+    let k8s =
+        PathBuf::from(std::env::var_os(plexus_e2e::realk8s::bins::BIN_ENV).unwrap_or_default());
+    let dir_of = |env: &str, dir: &str| {
+        std::env::var_os(env)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| k8s.join("../..").join(dir).join("bin"))
+    };
+    let overlays = dir_of(plexus_e2e::realk8s::overlay::OVERLAYS_ENV, "overlays");
+    let stack = dir_of("PLEXUS_SRIOV_STACK_BIN", "sriov-stack");
+    let need = |dir: &Path, name: &str| -> Result<PathBuf> {
+        find_usable(dir, name)?.with_context(|| format!("{name} not in {}", dir.display()))
+    };
+    let flanneld = need(&overlays, "flanneld")?;
+    let flannel = need(&overlays, "flannel")?;
+    let sriovdp = need(&stack, "sriovdp")?;
+    let cp = ControlPlane::start(&bins)?;
+    cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml"])?;
+    let dir = out.join("node");
+    std::fs::create_dir_all(&dir)?;
+    let token = cp.create_token("kube-system", "plexus")?;
+    std::fs::write(dir.join("plexus.token"), token)?;
+    std::fs::write(dir.join("ca.crt"), cp.ca_pem())?;
+    let name = format!("vm-sriov-{}", std::process::id());
+    let cert = cp.client_cert(&format!("system:node:{name}"), Some("system:nodes"))?;
+    cp.write_cert_kubeconfig(&dir.join("kubelet.kubeconfig"), &cert)?;
+    cp.write_kubeconfig(&dir.join("admin.kubeconfig"), cp.admin_token())?;
+    pause::build_image(&dir.join("pause-work"), &dir.join("pause.tar"))?;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cfg = json!({
+        "name": name,
+        "port": cp.port(),
+        "kubelet": bins.kubelet,
+        "kubectl": bins.kubectl,
+        "flanneld": flanneld,
+        "flannel": flannel,
+        "sriovdp": sriovdp,
+        "plexus_src": bin_dir(),
+        "install_sh": repo.join("deploy/install.sh").canonicalize()?,
+        "target": target_dir(),
+    });
+    std::fs::write(dir.join("node.json"), serde_json::to_vec_pretty(&cfg)?)?;
+    let port = cp.port();
+    let netdev = format!(
+        "user,id=n1,restrict=on,net=10.0.2.0/24,guestfwd=tcp:{GUEST_FWD_IP}:{port}-cmd:busybox nc 127.0.0.1 {port}"
+    );
+    Ok(Some(NodeHost {
+        qemu_args: vec![
+            "-netdev".into(),
+            netdev,
+            "-device".into(),
+            "virtio-net-pci,netdev=n1".into(),
+        ],
+        _scheduler: None,
+        _controller_manager: None,
+        _cp: cp,
+    }))
+}
