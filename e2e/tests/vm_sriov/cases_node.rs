@@ -13,32 +13,56 @@ use serde_json::{json, Value};
 use crate::node::{Node, DEVINFO_DIR, RESOURCE};
 use crate::vf::{link_summary, wait_for, Pf, VfSnap};
 
-/// Namespace of the bank pods.
-const NS: &str = "bank";
-/// The bank NAD's MAC and address.
+/// The quickstart's namespace, NAD, MAC and address (checked against the document at load).
+const NS: &str = "default";
+const NAD: &str = "pg-data";
 const MAC: &str = "02:42:ac:11:00:0a";
 const IP: &str = "10.56.217.10/24";
 
-/// The bank NAD: sriov, VLAN 100, QoS 3, static IP, MAC, spoofchk, trust, rate, MTU, by
-/// resource name (no deviceID: the kubelet's allocation decides the VF).
-pub fn bank_nad(name: &str, cni_type: &str) -> Value {
-    let cfg = json!({"cniVersion":"1.0.0","name":name,"type":cni_type,"vlan":100,"vlanQoS":3,
-        "mac":MAC,"spoofchk":"on","trust":"on","max_tx_rate":100,"mtu":9000,
-        "ipam":{"type":"static","addresses":[{"address":IP,"gateway":"10.56.217.1"}]}});
-    json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
-        "metadata":{"name":name,"namespace":NS,
-            "annotations":{"k8s.v1.cni.cncf.io/resourceName":RESOURCE}},
-        "spec":{"config":cfg.to_string()}})
+/// docs/quickstart.md's bank case (NAD, pod), as the host converted it (`node_host`).
+static BANK: std::sync::OnceLock<(Value, Value)> = std::sync::OnceLock::new();
+
+fn load_bank(outdir: &Path) -> Result<(), String> {
+    let raw = std::fs::read(outdir.join("node/quickstart-bank.json"))
+        .map_err(|e| format!("quickstart-bank.json: {e}"))?;
+    let mut objs = Vec::new();
+    for v in serde_json::Deserializer::from_slice(&raw).into_iter::<Value>() {
+        let v = v.map_err(|e| e.to_string())?;
+        match v["items"].as_array() {
+            Some(items) if v["kind"] == "List" => objs.extend(items.iter().cloned()),
+            _ => objs.push(v),
+        }
+    }
+    let find = |k: &str| objs.iter().find(|o| o["kind"] == k).cloned();
+    let nad = find("NetworkAttachmentDefinition").ok_or("the quickstart has no NAD")?;
+    let pod = find("Pod").ok_or("the quickstart has no Pod")?;
+    let cfg: Value = serde_json::from_str(nad["spec"]["config"].as_str().unwrap_or("{}"))
+        .map_err(|e| format!("the quickstart NAD's config: {e}"))?;
+    let ok = nad["metadata"]["namespace"] == NS
+        && nad["metadata"]["name"] == NAD
+        && nad["metadata"]["annotations"]["k8s.v1.cni.cncf.io/resourceName"] == RESOURCE
+        && cfg["mac"] == MAC
+        && cfg["ipam"]["addresses"][0]["address"] == IP
+        && pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == NAD;
+    if !ok {
+        return Err(format!("the quickstart's bank case changed: {nad} {pod}"));
+    }
+    let _ = BANK.set((nad, pod));
+    Ok(())
 }
 
-/// The bank pod: one VF by extended resource, the NAD as its second network.
-pub fn bank_pod(name: &str, node: &str, nad: &str) -> Value {
-    json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":NS,
-        "annotations":{"k8s.v1.cni.cncf.io/networks":nad}},
-        "spec":{"nodeName":node,"terminationGracePeriodSeconds":2,
-            "automountServiceAccountToken":false,"enableServiceLinks":false,"containers":[{"name":"db",
-            "image":"local/pause:1","imagePullPolicy":"Never",
-            "resources":{"requests":{RESOURCE:"1"},"limits":{RESOURCE:"1"}}}]}})
+/// The bank NAD, exactly as the quickstart has it.
+pub fn bank_nad() -> Value {
+    BANK.get().map(|b| b.0.clone()).unwrap_or_default()
+}
+
+/// The quickstart's bank pod named `name`, with the one change the VM needs: the image is the
+/// local pause image (nothing can be pulled). No nodeName: the real kube-scheduler binds it.
+pub fn bank_pod(name: &str) -> Value {
+    let mut pod = BANK.get().map(|b| b.1.clone()).unwrap_or_default();
+    pod["metadata"]["name"] = json!(name);
+    pod["spec"]["containers"][0]["image"] = json!("local/pause:1");
+    pod
 }
 
 /// What the runner records.
@@ -51,6 +75,10 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
         return;
     }
     let t = Instant::now();
+    if let Err(e) = load_bank(outdir) {
+        record(json!({"case":"node_quickstart_bank_case_loaded","ok":false,"secs":0.0,"detail":e}));
+        return;
+    }
     let node = Node::start(outdir);
     let mut node = match node {
         Ok(n) => {
@@ -75,6 +103,10 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
         (
             "node_bank_pod_by_device_plugin_pod_resources",
             bank_by_device_plugin,
+        ),
+        (
+            "node_bank_pod_by_dra_claim_allocated_by_the_scheduler",
+            bank_by_dra,
         ),
         (
             "node_bank_pod_by_checkpoint_when_pod_resources_is_gone",
@@ -112,17 +144,11 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
                 crate::node::log_tail("kubelet", 10), crate::node::log_tail("plexus", 10))).unwrap_or_default()}),
         );
     }
-    let _ = node.kubectl(&["delete", "namespace", NS, "--wait=false"]);
     node.stop();
 }
 
-fn setup_ns(node: &Node, nad: &Value) -> Result<(), String> {
-    if node.get(&["namespace", NS]).is_err() {
-        node.apply(&json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":NS}}))?;
-        node.apply(&json!({"apiVersion":"v1","kind":"ServiceAccount",
-            "metadata":{"name":"default","namespace":NS}}))?;
-    }
-    node.apply(nad).map(drop)
+fn setup_nad(node: &Node) -> Result<(), String> {
+    node.apply(&bank_nad()).map(drop)
 }
 
 /// Creates the pod and waits for Running; the create→Running time.
@@ -175,7 +201,9 @@ struct Attached {
     netns: String,
 }
 
-fn check_attached(pf: &Pf, pod: &Value, nad: &str) -> Result<Attached, String> {
+/// `dp`: the VF came from the device plugin (the kubelet's checkpoint and sriovdp's
+/// device-info file name it), else from a DRA claim.
+fn check_attached(pf: &Pf, pod: &Value, nad: &str, dp: bool) -> Result<Attached, String> {
     let ann = pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
         .as_str()
         .ok_or(format!("no network-status on the pod: {}", pod["metadata"]))?;
@@ -210,6 +238,16 @@ fn check_attached(pf: &Pf, pod: &Value, nad: &str) -> Result<Attached, String> {
     // The kubelet allocated exactly that VF to this pod (its checkpoint) and sriovdp wrote
     // the device-info file for it.
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    if dp {
+        check_device_plugin(uid, &pci)?;
+    }
+    if e["device-info"]["pci"]["pci-address"] != json!(pci) || e["device-info"]["type"] != "pci" {
+        return Err(format!("device-info: {e}"));
+    }
+    attached_in_pod_and_pf(pf, uid, pci, vf)
+}
+
+fn check_device_plugin(uid: &str, pci: &str) -> Result<(), String> {
     let cp = std::fs::read_to_string("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
         .map_err(|e| format!("kubelet checkpoint: {e}"))?;
     let cpj: Value = serde_json::from_str(&cp).map_err(|e| e.to_string())?;
@@ -220,7 +258,7 @@ fn check_attached(pf: &Pf, pod: &Value, nad: &str) -> Result<Attached, String> {
     if !entries_cp.iter().any(|x| {
         x["PodUID"] == uid
             && x["ResourceName"] == RESOURCE
-            && x["DeviceIDs"].to_string().contains(&pci)
+            && x["DeviceIDs"].to_string().contains(pci)
     }) {
         return Err(format!(
             "the kubelet's checkpoint does not give {pci} to pod {uid}: {cp}"
@@ -230,9 +268,10 @@ fn check_attached(pf: &Pf, pod: &Value, nad: &str) -> Result<Attached, String> {
     if !Path::new(&dp_file).exists() {
         return Err(format!("sriovdp wrote no {dp_file}"));
     }
-    if e["device-info"]["pci"]["pci-address"] != json!(pci) || e["device-info"]["type"] != "pci" {
-        return Err(format!("device-info: {e}"));
-    }
+    Ok(())
+}
+
+fn attached_in_pod_and_pf(pf: &Pf, uid: &str, pci: String, vf: u32) -> Result<Attached, String> {
     // In the pod: net1 is that VF with the MAC, MTU and address.
     let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
     let sb = cri
@@ -248,10 +287,20 @@ fn check_attached(pf: &Pf, pod: &Value, nad: &str) -> Result<Attached, String> {
     if l != json!({"ifname":"net1","address":MAC,"mtu":9000,"up":true}) {
         return Err(format!("net1 in the pod: {l}"));
     }
-    let drv = crate::vf::sh(&["ip", "netns", "exec", &netns, "ethtool", "-i", "net1"])
-        .unwrap_or_default();
-    if !drv.contains(&pci) && !drv.is_empty() {
-        return Err(format!("net1 is not {pci}: {drv}"));
+    // net1 is that VF: its PCI device's netdev is no longer in the node's namespace, and the
+    // pod's net1 is bound to that PCI function (sysfs seen from the pod's namespace).
+    let dev = crate::vf::sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &netns,
+        "readlink",
+        "-f",
+        "/sys/class/net/net1/device",
+    ])
+    .unwrap_or_default();
+    if !dev.trim().ends_with(&pci) {
+        return Err(format!("net1 in the pod is not {pci}: {dev}"));
     }
     let addrs = crate::vf::sh(&["ip", "-n", &netns, "-j", "addr", "show", "net1"])?;
     if !addrs.contains("10.56.217.10") {
@@ -293,8 +342,8 @@ fn check_released(pf: &Pf, a: &Attached, before: &VfSnap) -> Result<(), String> 
         ));
     }
     let v = &after.pf_side;
-    if v["vlan_list"].as_array().is_some_and(|l| !l.is_empty())
-        && v["vlan_list"] != json!([{"vlan":0,"qos":0}])
+    // `ip -j` prints a VF without VLAN as `"vlan_list":[{}]`.
+    if v["vlan_list"][0]["vlan"].as_u64().unwrap_or(0) != 0
         || v["trust"] == true
         || v["rate"]["max_tx"].as_u64().unwrap_or(0) != 0
     {
@@ -323,11 +372,10 @@ fn bank_once(
     pod_name: &str,
     label: &str,
 ) -> Result<Attached, String> {
-    let nad = bank_nad("bank", "sriov");
-    setup_ns(node, &nad)?;
+    setup_nad(node)?;
     let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
-    let (pod, took) = create_running(node, &bank_pod(pod_name, &node.name, "bank"))?;
-    let a = check_attached(pf, &pod, "bank")?;
+    let (pod, took) = create_running(node, &bank_pod(pod_name))?;
+    let a = check_attached(pf, &pod, NAD, true)?;
     let gone = delete_gone(node, pod_name)?;
     // The kubelet tears the sandbox down after the pod object is gone: wait for the VF.
     let b = before[a.vf as usize].clone();
@@ -356,4 +404,117 @@ fn bank_by_checkpoint(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<()
         return Err("plexus did not log the checkpoint fallback".into());
     }
     Ok(())
+}
+
+const DRA_DRIVER: &str = "sriovnetwork.k8snetworkplumbingwg.io";
+
+/// The DRA path: sriovdp goes (one agent per VF), dra-driver-sriov publishes the VFs, the bank
+/// pod asks for one through a ResourceClaim the real kube-scheduler allocates; plexus maps the
+/// claim's device to the bank NAD by its `k8s.cni.cncf.io/resourceName` attribute and writes
+/// the claim's `status.devices[].networkData`, released at delete. sriovdp comes back after.
+fn bank_by_dra(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    let r = bank_by_dra_inner(node, pf, record);
+    let _ = node.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "resourceclaim",
+        "bank-vf",
+        "--ignore-not-found",
+    ]);
+    node.stop_proc("dra");
+    node.start_sriovdp()?;
+    node.wait_allocatable(&crate::guest::NUM_VFS.to_string(), Duration::from_secs(120))?;
+    r
+}
+
+fn bank_by_dra_inner(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    node.stop_proc("sriovdp");
+    node.wait_allocatable("0", Duration::from_secs(120))?;
+    node.start_dra()?;
+    let sel = format!("spec.nodeName={}", node.name);
+    let mut slices = Value::Null;
+    let t = Instant::now();
+    wait_for(Duration::from_secs(120), || {
+        slices = node
+            .get(&["resourceslices", "--field-selector", &sel])
+            .unwrap_or(Value::Null);
+        devices(&slices).len() == crate::guest::NUM_VFS as usize
+    })
+    .ok_or_else(|| {
+        format!(
+            "no ResourceSlice with the VFs in 120 s: {slices}\n{}",
+            crate::node::log_tail("dra", 15)
+        )
+    })?;
+    let devs = devices(&slices);
+    for d in &devs {
+        let a = &d["attributes"];
+        if a["k8s.cni.cncf.io/resourceName"]["string"] != RESOURCE
+            || !a["k8s.cni.cncf.io/deviceID"]["string"].is_string()
+        {
+            return Err(format!("device without the NPWG attributes: {d}"));
+        }
+    }
+    record(
+        json!({"note": format!("dra-driver-sriov published {} VFs in {:.1} s", devs.len(), t.elapsed().as_secs_f64())}),
+    );
+    setup_nad(node)?;
+    node.apply(&json!({"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim",
+        "metadata":{"name":"bank-vf","namespace":NS},
+        "spec":{"devices":{"requests":[{"name":"vf","exactly":{"deviceClassName":DRA_DRIVER,"count":1}}]}}}))?;
+    let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+    let mut pod = bank_pod("pg-dra");
+    let spec = &mut pod["spec"];
+    spec["resourceClaims"] = json!([{"name":"vf","resourceClaimName":"bank-vf"}]);
+    spec["containers"][0]["resources"] = json!({"claims":[{"name":"vf"}]});
+    let (pod, took) = create_running(node, &pod)?;
+    let claim = node.get(&["-n", NS, "resourceclaim", "bank-vf"])?;
+    let res = &claim["status"]["allocation"]["devices"]["results"][0];
+    let dev = devs
+        .iter()
+        .find(|d| d["name"] == res["device"])
+        .ok_or(format!("allocated device not in the slice: {claim}"))?;
+    let dev_pci = dev["attributes"]["k8s.cni.cncf.io/deviceID"]["string"].clone();
+    let a = check_attached(pf, &pod, NAD, false)?;
+    if dev_pci != json!(a.pci) {
+        return Err(format!("plexus used {} but the claim got {dev_pci}", a.pci));
+    }
+    let st = claim["status"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let nd = st
+        .iter()
+        .find(|d| d["device"] == res["device"])
+        .map(|d| d["networkData"].clone())
+        .unwrap_or(Value::Null);
+    if nd["interfaceName"] != "net1" || nd["hardwareAddress"] != MAC || nd["ips"] != json!([IP]) {
+        return Err(format!("claim status.devices: {}", claim["status"]));
+    }
+    let gone = delete_gone(node, "pg-dra")?;
+    let b = before[a.vf as usize].clone();
+    wait_for(Duration::from_secs(60), || pf.snap(a.vf) == b);
+    check_released(pf, &a, &b)?;
+    let claim = node.get(&["-n", NS, "resourceclaim", "bank-vf"])?;
+    let left = claim["status"]["devices"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|d| !d["networkData"].is_null()));
+    if left {
+        return Err(format!("networkData not released: {}", claim["status"]));
+    }
+    record(json!({"note": format!(
+        "bank pod (DRA claim, kube-scheduler): create→Running {:.1} s, delete→gone {:.1} s, VF {} ({})",
+        took.as_secs_f64(), gone.as_secs_f64(), a.vf, a.pci)}));
+    Ok(())
+}
+
+fn devices(slices: &Value) -> Vec<Value> {
+    slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["spec"]["driver"] == DRA_DRIVER)
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .collect()
 }

@@ -286,7 +286,24 @@ impl Node {
         .map_err(|e| e.to_string())?;
 
         // plexus, by deploy/install.sh (one shot, the DaemonSet's environment mapped to the
-        // node's dirs).
+        // node's dirs), with a token bound to this Node: the apiserver then knows the node
+        // plexus speaks for (DRA's per-driver `associated-node` check of claim status writes).
+        match self.kubectl(&[
+            "create",
+            "token",
+            "plexus",
+            "-n",
+            "kube-system",
+            "--bound-object-kind",
+            "Node",
+            "--bound-object-name",
+            &name,
+            "--duration",
+            "2h",
+        ]) {
+            Ok(t) => std::fs::write(p("sa/token"), t.trim()).map_err(|e| e.to_string())?,
+            Err(e) => println!("vm-node: no Node-bound token ({e}); the unbound one is used"),
+        }
         self.install()?;
         wait_for(Duration::from_secs(120), || {
             self.get(&["node", &name])
@@ -364,6 +381,42 @@ impl Node {
         Ok(())
     }
 
+    /// Starts dra-driver-sriov in MULTUS mode (containerd 1.6 has no NRI) with the kubelet's
+    /// own plugin dirs.
+    pub fn start_dra(&mut self) -> Result<(), String> {
+        std::fs::create_dir_all(p("cdi")).map_err(|e| e.to_string())?;
+        let d = spawn(
+            "dra",
+            &self.s("dra"),
+            &[
+                format!("--node-name={}", self.name),
+                format!("--kubeconfig={}", p("admin.kubeconfig").display()),
+                "--namespace=dra-driver-sriov".into(),
+                "--configuration-mode=MULTUS".into(),
+                "--kubelet-registrar-directory-path=/var/lib/kubelet/plugins_registry".into(),
+                "--kubelet-plugins-directory-path=/var/lib/kubelet/plugins".into(),
+                format!("--cdi-root={}", p("cdi").display()),
+            ],
+            &[],
+        )?;
+        self.procs.push(("dra".into(), d));
+        Ok(())
+    }
+
+    /// Waits until the Node advertises `n` (as a string, e.g. "2") of the sriovdp resource.
+    pub fn wait_allocatable(&self, n: &str, limit: Duration) -> Result<(), String> {
+        let name = self.name.clone();
+        wait_for(limit, || {
+            self.get(&["node", &name])
+                .ok()
+                .is_some_and(|x| x["status"]["allocatable"][RESOURCE] == n)
+        })
+        .map(drop)
+        .ok_or(format!(
+            "the Node's allocatable {RESOURCE} is not {n} after {limit:?}"
+        ))
+    }
+
     /// Stops the named process (SIGTERM, then SIGKILL after 10 s).
     pub fn stop_proc(&mut self, name: &str) {
         let mut keep = Vec::new();
@@ -411,7 +464,7 @@ impl Node {
     /// Stops everything in reverse: pods first (the caller deletes them), then sriovdp,
     /// flanneld, the kubelet, containerd's sandboxes and containerd.
     pub fn stop(&mut self) {
-        for n in ["sriovdp", "flanneld", "kubelet"] {
+        for n in ["dra", "sriovdp", "flanneld", "kubelet"] {
             self.stop_proc(n);
         }
         self.stop_proc("containerd");

@@ -62,8 +62,32 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
     let flanneld = need(&overlays, "flanneld")?;
     let flannel = need(&overlays, "flannel")?;
     let sriovdp = need(&stack, "sriovdp")?;
+    let dra = need(&stack, "dra-driver-sriov")?;
+    let scheduler = bins
+        .scheduler
+        .clone()
+        .context("kube-scheduler not in PLEXUS_K8S_BIN (the DRA case needs it)")?;
     let cp = ControlPlane::start(&bins)?;
-    cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml"])?;
+    cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-dra.yaml"])?;
+    dra_objects(&cp, &stack.join("../dra-driver-sriov"))?;
+    cp.create_namespace("bank")?;
+    // The quickstart's namespace (no controller-manager: its default ServiceAccount and CA
+    // ConfigMap are made here).
+    cp.create_namespace("default")?;
+    // The real kube-scheduler allocates the DRA claim (and binds that pod).
+    let kc = cp.admin_kubeconfig().display().to_string();
+    let sched = Proc::spawn(
+        "kube-scheduler",
+        &scheduler,
+        &[
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ],
+        &cp.dir().join("scheduler.log"),
+    )?;
     let dir = out.join("node");
     std::fs::create_dir_all(&dir)?;
     let token = cp.create_token("kube-system", "plexus")?;
@@ -83,11 +107,16 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
         "flanneld": flanneld,
         "flannel": flannel,
         "sriovdp": sriovdp,
+        "dra": dra,
         "plexus_src": bin_dir(),
         "install_sh": repo.join("deploy/install.sh").canonicalize()?,
         "target": target_dir(),
     });
     std::fs::write(dir.join("node.json"), serde_json::to_vec_pretty(&cfg)?)?;
+    std::fs::write(
+        dir.join("quickstart-bank.json"),
+        quickstart_bank(&cp, &repo)?,
+    )?;
     let port = cp.port();
     let netdev = format!(
         "user,id=n1,restrict=on,net=10.0.2.0/24,guestfwd=tcp:{GUEST_FWD_IP}:{port}-cmd:busybox nc 127.0.0.1 {port}"
@@ -99,8 +128,62 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
             "-device".into(),
             "virtio-net-pci,netdev=n1".into(),
         ],
-        _scheduler: None,
+        _scheduler: Some(sched),
         _controller_manager: None,
         _cp: cp,
     }))
+}
+
+/// The DRA driver's CRDs, DeviceClass and a policy that gives the VM's VFs (82576 VF, igbvf)
+/// the attribute `k8s.cni.cncf.io/resourceName: intel.com/sriov_igb`, the bank NAD's
+/// resourceName: the same NAD serves both paths.
+fn dra_objects(cp: &ControlPlane, dir: &Path) -> Result<()> {
+    for f in [
+        "sriovnetwork.k8snetworkplumbingwg.io_deviceattributes.yaml",
+        "sriovnetwork.k8snetworkplumbingwg.io_sriovresourcepolicies.yaml",
+        "deviceclass.yaml",
+    ] {
+        cp.apply_file(&dir.join(f))
+            .with_context(|| format!("apply {}", dir.join(f).display()))?;
+    }
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/sriovresourcepolicies.sriovnetwork.k8snetworkplumbingwg.io",
+        "crd/deviceattributes.sriovnetwork.k8snetworkplumbingwg.io",
+    ])?;
+    cp.create_namespace("dra-driver-sriov")?;
+    let g = "sriovnetwork.k8snetworkplumbingwg.io/v1alpha1";
+    cp.apply(
+        &json!({"apiVersion":g,"kind":"DeviceAttributes","metadata":{"name":"igb-vfs",
+            "namespace":"dra-driver-sriov","labels":{"pool":"igb-vfs"}},
+            "spec":{"attributes":{"k8s.cni.cncf.io/resourceName":{"string":crate::node::RESOURCE}}}})
+        .to_string(),
+    )?;
+    cp.apply(
+        &json!({"apiVersion":g,"kind":"SriovResourcePolicy","metadata":{"name":"igb-vfs",
+            "namespace":"dra-driver-sriov"},
+            "spec":{"configs":[{"deviceAttributesSelector":{"matchLabels":{"pool":"igb-vfs"}},
+                "resourceFilters":[{"vendors":["8086"],"devices":["10ca"],"drivers":["igbvf"]}]}]}})
+        .to_string(),
+    )?;
+    Ok(())
+}
+
+/// The bank case of docs/quickstart.md (its section 3 YAML block: the NAD and the pod) as a
+/// JSON List, converted by kubectl on the host: the tier runs exactly these objects.
+fn quickstart_bank(cp: &ControlPlane, repo: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(repo.join("docs/quickstart.md"))?;
+    let start = text
+        .find("## 3. The bank case")
+        .context("docs/quickstart.md has no '## 3. The bank case' section")?;
+    let (_, yaml) = crate::common::markdown_blocks(&text[start..], "yaml")
+        .into_iter()
+        .next()
+        .context("no YAML block in the quickstart's bank case")?;
+    cp.kubectl_stdin(
+        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+        Some(&yaml),
+    )
 }
