@@ -109,6 +109,14 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
             bank_by_dra,
         ),
         (
+            "node_as_many_pods_as_vfs_one_refused_kubelet_sriovdp_containerd_restarted",
+            capacity_and_restarts,
+        ),
+        (
+            "node_bank_pod_create_to_running_sriov_vs_sriov_cni",
+            sriov_vs_sriov_cni,
+        ),
+        (
             "node_bank_pod_by_checkpoint_when_pod_resources_is_gone",
             bank_by_checkpoint,
         ),
@@ -157,7 +165,7 @@ pub fn create_running(node: &Node, pod: &Value) -> Result<(Value, Duration), Str
     let t = Instant::now();
     node.apply(pod)?;
     let mut last = Value::Null;
-    let ok = wait_for(Duration::from_secs(180), || {
+    let ok = wait_for(Duration::from_secs(300), || {
         last = node.get(&["-n", NS, "pod", name]).unwrap_or(Value::Null);
         last["status"]["phase"] == "Running"
     });
@@ -176,7 +184,7 @@ pub fn create_running(node: &Node, pod: &Value) -> Result<(Value, Duration), Str
                 ])
                 .unwrap_or_default();
             Err(format!(
-                "pod {name} not Running in 180 s: {}\nevents:\n{ev}",
+                "pod {name} not Running in 300 s: {}\nevents:\n{ev}",
                 last["status"]
             ))
         }
@@ -187,10 +195,10 @@ pub fn create_running(node: &Node, pod: &Value) -> Result<(Value, Duration), Str
 pub fn delete_gone(node: &Node, name: &str) -> Result<Duration, String> {
     let t = Instant::now();
     node.kubectl(&["-n", NS, "delete", "pod", name, "--wait=false"])?;
-    wait_for(Duration::from_secs(120), || {
+    wait_for(Duration::from_secs(240), || {
         node.kubectl(&["-n", NS, "get", "pod", name]).is_err()
     })
-    .ok_or(format!("pod {name} still there 120 s after delete"))?;
+    .ok_or(format!("pod {name} still there 240 s after delete"))?;
     Ok(t.elapsed())
 }
 
@@ -240,6 +248,10 @@ fn check_attached(pf: &Pf, pod: &Value, nad: &str, dp: bool) -> Result<Attached,
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
     if dp {
         check_device_plugin(uid, &pci)?;
+        // Plexus seeded the attachment's device-info file from sriovdp's.
+        if devinfo_cni_files().is_empty() {
+            return Err("plexus wrote no attachment device-info file".into());
+        }
     }
     if e["device-info"]["pci"]["pci-address"] != json!(pci) || e["device-info"]["type"] != "pci" {
         return Err(format!("device-info: {e}"));
@@ -315,10 +327,6 @@ fn attached_in_pod_and_pf(pf: &Pf, uid: &str, pci: String, vf: u32) -> Result<At
         && v["rate"]["max_tx"] == 100;
     if !ok {
         return Err(format!("PF side of VF {vf}: {v}"));
-    }
-    // Plexus' own device-info file for the attachment.
-    if devinfo_cni_files().is_empty() {
-        return Err("plexus wrote no attachment device-info file".into());
     }
     Ok(Attached { pci, vf, netns })
 }
@@ -517,4 +525,189 @@ fn devices(slices: &Value) -> Vec<Value> {
         .filter(|s| s["spec"]["driver"] == DRA_DRIVER)
         .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
         .collect()
+}
+
+/// As many bank pods as VFs (each its own NAD: the static IP and MAC must differ), one more
+/// the kubelet refuses (no VF left: a clear reason, no sandbox, no VF touched); then, while
+/// they run, the kubelet restarted, sriovdp killed and containerd restarted; deleting them
+/// afterwards still gives every VF back exactly as it was.
+fn capacity_and_restarts(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+    let n = crate::guest::NUM_VFS as usize;
+    let names: Vec<String> = (0..n).map(|i| format!("pg-cap-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let mut nad = bank_nad();
+        let nad_name = format!("{NAD}-{i}");
+        let mut cfg: Value = serde_json::from_str(nad["spec"]["config"].as_str().unwrap_or("{}"))
+            .map_err(|e| e.to_string())?;
+        cfg["name"] = json!(nad_name);
+        cfg["mac"] = json!(format!("02:42:ac:11:01:{:02x}", i + 1));
+        cfg["ipam"]["addresses"][0]["address"] = json!(format!("10.56.217.{}/24", 21 + i));
+        nad["metadata"]["name"] = json!(nad_name);
+        nad["spec"]["config"] = json!(cfg.to_string());
+        node.apply(&nad)?;
+        let mut pod = bank_pod(name);
+        pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] = json!(nad_name);
+        node.apply(&pod)?;
+    }
+    let t = Instant::now();
+    for name in &names {
+        wait_for(Duration::from_secs(240), || {
+            node.get(&["-n", NS, "pod", name])
+                .is_ok_and(|p| p["status"]["phase"] == "Running")
+        })
+        .ok_or(format!("{name} not Running in 240 s"))?;
+    }
+    record(
+        json!({"note": format!("{n} bank pods (one per VF) Running {:.1} s after create", t.elapsed().as_secs_f64())}),
+    );
+    let used: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+    if used
+        .iter()
+        .any(|s| s.pf_side["vlan_list"][0]["vlan"] != 100)
+    {
+        return Err(format!("not every VF is in use: {used:?}"));
+    }
+    // One more, bound to the node directly: the kubelet's admission refuses it.
+    let mut extra = bank_pod("pg-cap-extra");
+    extra["spec"]["nodeName"] = json!(node.name);
+    node.apply(&extra)?;
+    let mut st = Value::Null;
+    wait_for(Duration::from_secs(120), || {
+        st = node
+            .get(&["-n", NS, "pod", "pg-cap-extra"])
+            .map(|p| p["status"].clone())
+            .unwrap_or(Value::Null);
+        st["phase"] == "Failed"
+    })
+    .ok_or_else(|| format!("the extra pod was not refused: {st}"))?;
+    let why = format!("{} {}", st["reason"], st["message"]);
+    if !why.contains(RESOURCE) {
+        return Err(format!("the refusal does not name {RESOURCE}: {why}"));
+    }
+    let uid = node.get(&["-n", NS, "pod", "pg-cap-extra"])?["metadata"]["uid"].clone();
+    let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
+    if !cri
+        .sandboxes(uid.as_str())
+        .map_err(|e| format!("{e:#}"))?
+        .is_empty()
+    {
+        return Err("the refused pod got a sandbox".into());
+    }
+    if (0..crate::guest::NUM_VFS)
+        .map(|i| pf.snap(i))
+        .collect::<Vec<_>>()
+        != used
+    {
+        return Err("the refused pod changed a VF".into());
+    }
+    record(json!({"note": format!("pod beyond the VFs refused by the kubelet: {why}")}));
+    node.kubectl(&["-n", NS, "delete", "pod", "pg-cap-extra", "--wait=false"])?;
+
+    // Restarts while the pods run.
+    node.stop_proc("kubelet");
+    node.start_kubelet()?;
+    wait_for(Duration::from_secs(120), || {
+        Path::new("/var/lib/kubelet/pod-resources/kubelet.sock").exists()
+    })
+    .ok_or("the restarted kubelet has no pod-resources socket after 120 s")?;
+    node.stop_proc("sriovdp");
+    node.stop_proc("containerd");
+    node.start_containerd()?;
+    for name in &names {
+        if node.get(&["-n", NS, "pod", name])?["status"]["phase"] != "Running" {
+            return Err(format!("{name} not Running after the restarts"));
+        }
+    }
+    let t = Instant::now();
+    for name in &names {
+        node.kubectl(&["-n", NS, "delete", "pod", name, "--wait=false"])?;
+    }
+    let back = wait_for(Duration::from_secs(180), || {
+        (0..crate::guest::NUM_VFS)
+            .map(|i| pf.snap(i))
+            .collect::<Vec<_>>()
+            == before
+    });
+    let after: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+    node.start_sriovdp()?;
+    back.ok_or(format!(
+        "VFs not restored after the restarts and delete:\n  before {before:?}\n  after  {after:?}"
+    ))?;
+    for name in names
+        .iter()
+        .chain(std::iter::once(&"pg-cap-extra".to_string()))
+    {
+        wait_for(Duration::from_secs(120), || {
+            node.kubectl(&["-n", NS, "get", "pod", name]).is_err()
+        })
+        .ok_or(format!("{name} not gone"))?;
+    }
+    record(
+        json!({"note": format!("kubelet + containerd restarted, sriovdp killed: both VFs back {:.1} s after delete", t.elapsed().as_secs_f64())}),
+    );
+    if !devinfo_cni_files().is_empty() {
+        return Err(format!(
+            "attachment device-info files left: {:?}",
+            devinfo_cni_files()
+        ));
+    }
+    node.wait_allocatable(&n.to_string(), Duration::from_secs(120))
+}
+
+/// create→Running (and delete→VF back) of the bank pod through `sriov` and through sriov-cni
+/// v2.10 (installed as `sriov-cni`, the same NAD with that type), alternating, one round each
+/// (the VM is TCG: figures are relative). The ADD/DEL micro-benchmark is cases_bench's.
+fn sriov_vs_sriov_cni(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
+    let mut figures = Vec::new();
+    for (i, ty) in ["sriov-cni", "sriov"].iter().enumerate() {
+        let mut nad = bank_nad();
+        let mut cfg: Value = serde_json::from_str(nad["spec"]["config"].as_str().unwrap_or("{}"))
+            .map_err(|e| e.to_string())?;
+        cfg["type"] = json!(ty);
+        nad["spec"]["config"] = json!(cfg.to_string());
+        node.apply(&nad)?;
+        let name = format!("pg-cmp-{i}");
+        let (pod, took) = create_running(node, &bank_pod(&name))?;
+        // plexus + sriov gets the full check; for sriov-cni only which VF it took (the PF's view
+        // of the MAC) matters here.
+        let a = if *ty == "sriov" {
+            check_attached(pf, &pod, NAD, true)?
+        } else {
+            let vf = (0..crate::guest::NUM_VFS)
+                .find(|&i| pf.vfinfo(i)["address"] == MAC)
+                .ok_or_else(|| format!("sriov-cni: no VF with {MAC}: {}", pod["metadata"]))?;
+            Attached {
+                pci: pf.vf_pci(vf).unwrap_or_default(),
+                vf,
+                netns: String::new(),
+            }
+        };
+        let t = Instant::now();
+        delete_gone(node, &name)?;
+        let b = before[a.vf as usize].clone();
+        let back = wait_for(Duration::from_secs(120), || pf.snap(a.vf) == b);
+        let after = pf.snap(a.vf);
+        figures.push(format!(
+            "{ty}: create→Running {:.1} s, delete→VF back {}",
+            took.as_secs_f64(),
+            back.map_or(format!("NOT restored ({after:?})"), |_| format!(
+                "{:.1} s",
+                t.elapsed().as_secs_f64()
+            ))
+        ));
+        if back.is_none() {
+            record(json!({"note": format!("bank pod side by side: {}", figures.join("; "))}));
+            return Err(format!(
+                "{ty} left VF {} changed:\n  before {b:?}\n  after  {after:?}",
+                a.vf
+            ));
+        }
+    }
+    setup_nad(node)?;
+    record(
+        json!({"note": format!("bank pod side by side (TCG VM, one round): {}", figures.join("; "))}),
+    );
+    Ok(())
 }

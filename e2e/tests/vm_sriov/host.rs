@@ -129,6 +129,12 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     }
     // The node cases' control plane (None: no PLEXUS_K8S_BIN); it outlives QEMU.
     let node = crate::node_host::prepare(&out).map_err(|e| format!("node cases: {e:#}"))?;
+    if node.is_none() {
+        println!(
+            "vm_sriov: node cases skipped: {}",
+            plexus_e2e::realk8s::bins::skip_message()
+        );
+    }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let console = out.join("console.log");
     let mut append = format!(
@@ -142,9 +148,11 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     let timeout = std::env::var("PLEXUS_VM_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(600u64);
-    // TCG by default: KVM boots hang on the machines this was built on, and TCG is the same
-    // everywhere.
+        // The node cases (a kubelet and its pods under TCG) need several minutes more.
+        .unwrap_or(if node.is_some() { 1500 } else { 600 });
+    // TCG by default: KVM boots hang on the machines this was built on (measured again with the
+    // node cases: no console output within 40 s, default CPU model and `-cpu host` alike), and
+    // TCG is the same everywhere.
     let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
     let started = Instant::now();
     let deadline = started + Duration::from_secs(timeout);

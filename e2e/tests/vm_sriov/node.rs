@@ -41,7 +41,12 @@ fn p(s: &str) -> PathBuf {
 }
 
 fn spawn(name: &str, prog: &str, args: &[String], env: &[(&str, String)]) -> Result<Child, String> {
-    let log = std::fs::File::create(p(&format!("{name}.log"))).map_err(|e| e.to_string())?;
+    // Appended: a restarted process keeps its earlier log.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p(&format!("{name}.log")))
+        .map_err(|e| e.to_string())?;
     let err = log.try_clone().map_err(|e| e.to_string())?;
     let mut c = Command::new(prog);
     c.args(args).stdout(log).stderr(err).stdin(Stdio::null());
@@ -208,28 +213,20 @@ impl Node {
             let _ = std::os::unix::fs::symlink(e.path(), Path::new(BIN_DIR).join(e.file_name()));
         }
         let _ = std::os::unix::fs::symlink(self.s("flannel"), Path::new(BIN_DIR).join("flannel"));
+        // sriov-cni v2.10 under another name, for the side-by-side case.
+        let _ =
+            std::os::unix::fs::symlink(self.s("sriov_cni"), Path::new(BIN_DIR).join("sriov-cni"));
 
         // containerd
         std::fs::write(p("containerd/config.toml"), containerd_config())
             .map_err(|e| e.to_string())?;
-        let c = spawn(
-            "containerd",
-            "containerd",
-            &[
-                "--config".into(),
-                p("containerd/config.toml").display().to_string(),
-            ],
-            &[],
-        )?;
-        self.procs.push(("containerd".into(), c));
+        self.start_containerd()?;
         let sock = p("containerd/containerd.sock").display().to_string();
         let ctr = |a: &[&str]| {
             let mut v = vec!["ctr", "--address", &sock, "-n", "k8s.io"];
             v.extend_from_slice(a);
             sh(&v)
         };
-        wait_for(Duration::from_secs(60), || ctr(&["version"]).is_ok())
-            .ok_or("containerd's socket did not answer in 60 s")?;
         ctr(&["images", "import", &p("pause.tar").display().to_string()])?;
         let t_cd = t0.elapsed();
 
@@ -317,6 +314,17 @@ impl Node {
                 .unwrap_or(false)
         })
         .ok_or("the Node did not become Ready in 120 s")?;
+        // The kubelet registers with node.kubernetes.io/not-ready:NoSchedule; the node
+        // lifecycle controller (kube-controller-manager, not run here) would lift it once Ready.
+        self.kubectl(&[
+            "patch",
+            "node",
+            &name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"taints":null}}"#,
+        ])?;
         let t_ready = t0.elapsed();
 
         // sriovdp: the VFs exist and are bound (the runner made them) before it starts.
@@ -338,6 +346,26 @@ impl Node {
             t0.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+
+    /// Starts (or restarts) containerd and waits for its socket.
+    pub fn start_containerd(&mut self) -> Result<(), String> {
+        let c = spawn(
+            "containerd",
+            "containerd",
+            &[
+                "--config".into(),
+                p("containerd/config.toml").display().to_string(),
+            ],
+            &[],
+        )?;
+        self.procs.push(("containerd".into(), c));
+        let sock = p("containerd/containerd.sock").display().to_string();
+        wait_for(Duration::from_secs(60), || {
+            sh(&["ctr", "--address", &sock, "version"]).is_ok()
+        })
+        .map(drop)
+        .ok_or("containerd's socket did not answer in 60 s".into())
     }
 
     /// Starts (or restarts) the kubelet.

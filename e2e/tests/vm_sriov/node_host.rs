@@ -63,6 +63,8 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
     let flannel = need(&overlays, "flannel")?;
     let sriovdp = need(&stack, "sriovdp")?;
     let dra = need(&stack, "dra-driver-sriov")?;
+    let peers = dir_of("PLEXUS_PEERS_BIN", "peers");
+    let sriov_cni = need(&peers, "sriov-cni")?;
     let scheduler = bins
         .scheduler
         .clone()
@@ -108,6 +110,7 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
         "flannel": flannel,
         "sriovdp": sriovdp,
         "dra": dra,
+        "sriov_cni": sriov_cni,
         "plexus_src": bin_dir(),
         "install_sh": repo.join("deploy/install.sh").canonicalize()?,
         "target": target_dir(),
