@@ -65,6 +65,9 @@ pub fn bank_pod(name: &str) -> Value {
     pod
 }
 
+/// A node case: the node, the PF, where to record notes.
+type NodeCase = fn(&mut Node, &Pf, Record<'_>) -> Result<(), String>;
+
 /// What the runner records.
 pub type Record<'a> = &'a mut dyn FnMut(Value);
 
@@ -99,7 +102,7 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
             return;
         }
     };
-    let cases: &[(&str, fn(&mut Node, &Pf, Record<'_>) -> Result<(), String>)] = &[
+    let cases: &[(&str, NodeCase)] = &[
         (
             "node_bank_pod_by_device_plugin_pod_resources",
             bank_by_device_plugin,

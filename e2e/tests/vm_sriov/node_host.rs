@@ -76,6 +76,17 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
     // The quickstart's namespace (no controller-manager: its default ServiceAccount and CA
     // ConfigMap are made here).
     cp.create_namespace("default")?;
+    // This Kubernetes build (openshift/microshift's vendored v1.36.2) projects the ConfigMap
+    // `openshift-service-ca.crt` into every ServiceAccount token volume, and the kubelet waits
+    // for it; the quickstart pod mounts its token, so the ConfigMap is made here.
+    for ns in ["default", "bank"] {
+        cp.apply(
+            &json!({"apiVersion":"v1","kind":"ConfigMap",
+                "metadata":{"name":"openshift-service-ca.crt","namespace":ns},
+                "data":{"service-ca.crt":cp.ca_pem()}})
+            .to_string(),
+        )?;
+    }
     // The real kube-scheduler allocates the DRA claim (and binds that pod).
     let kc = cp.admin_kubeconfig().display().to_string();
     let sched = Proc::spawn(
