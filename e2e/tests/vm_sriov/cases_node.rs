@@ -68,13 +68,37 @@ pub fn bank_pod(name: &str) -> Value {
 /// A node case: the node, the PF, where to record notes.
 type NodeCase = fn(&mut Node, &Pf, Record<'_>) -> Result<(), String>;
 
+/// The node cases, in order (the node starts when any is selected).
+const CASES: &[(&str, NodeCase)] = &[
+    (
+        "node_bank_pod_by_device_plugin_pod_resources",
+        bank_by_device_plugin,
+    ),
+    (
+        "node_bank_pod_by_dra_claim_allocated_by_the_scheduler",
+        bank_by_dra,
+    ),
+    (
+        "node_as_many_pods_as_vfs_one_refused_kubelet_sriovdp_containerd_restarted",
+        capacity_and_restarts,
+    ),
+    (
+        "node_bank_pod_create_to_running_sriov_vs_sriov_cni",
+        sriov_vs_sriov_cni,
+    ),
+    (
+        "node_bank_pod_by_checkpoint_when_pod_resources_is_gone",
+        bank_by_checkpoint,
+    ),
+];
+
 /// What the runner records.
 pub type Record<'a> = &'a mut dyn FnMut(Value);
 
 /// Runs the node cases; `filters` as PLEXUS_VM_CASES.
 pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
     let selected = |n: &str| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str()));
-    if !selected("node_") {
+    if !CASES.iter().any(|(n, _)| selected(n)) {
         return;
     }
     let t = Instant::now();
@@ -102,28 +126,7 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
             return;
         }
     };
-    let cases: &[(&str, NodeCase)] = &[
-        (
-            "node_bank_pod_by_device_plugin_pod_resources",
-            bank_by_device_plugin,
-        ),
-        (
-            "node_bank_pod_by_dra_claim_allocated_by_the_scheduler",
-            bank_by_dra,
-        ),
-        (
-            "node_as_many_pods_as_vfs_one_refused_kubelet_sriovdp_containerd_restarted",
-            capacity_and_restarts,
-        ),
-        (
-            "node_bank_pod_create_to_running_sriov_vs_sriov_cni",
-            sriov_vs_sriov_cni,
-        ),
-        (
-            "node_bank_pod_by_checkpoint_when_pod_resources_is_gone",
-            bank_by_checkpoint,
-        ),
-    ];
+    let cases = CASES;
     for (name, f) in cases {
         if !selected(name) {
             continue;
@@ -425,6 +428,17 @@ const DRA_DRIVER: &str = "sriovnetwork.k8snetworkplumbingwg.io";
 /// the claim's `status.devices[].networkData`, released at delete. sriovdp comes back after.
 fn bank_by_dra(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
     let r = bank_by_dra_inner(node, pf, record);
+    if r.is_err() {
+        let _ = node.kubectl(&[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            "pg-dra",
+            "--grace-period=0",
+            "--force",
+        ]);
+    }
     let _ = node.kubectl(&[
         "-n",
         NS,
@@ -432,6 +446,7 @@ fn bank_by_dra(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), Strin
         "resourceclaim",
         "bank-vf",
         "--ignore-not-found",
+        "--wait=false",
     ]);
     node.stop_proc("dra");
     node.start_sriovdp()?;
