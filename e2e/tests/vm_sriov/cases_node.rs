@@ -68,6 +68,14 @@ pub fn bank_pod(name: &str) -> Value {
 /// A node case: the node, the PF, where to record notes.
 type NodeCase = fn(&mut Node, &Pf, Record<'_>) -> Result<(), String>;
 
+/// Cases that run only when `PLEXUS_VM_CASES` names them: written against the real agents but
+/// not yet run to a pass within the CI budget (item 3 of issue 17 and the sriov-cni
+/// comparison).
+const OPT_IN: &[&str] = &[
+    "node_as_many_pods_as_vfs_one_refused_kubelet_sriovdp_containerd_restarted",
+    "node_bank_pod_create_to_running_sriov_vs_sriov_cni",
+];
+
 /// The node cases, in order (the node starts when any is selected).
 const CASES: &[(&str, NodeCase)] = &[
     (
@@ -98,6 +106,14 @@ pub type Record<'a> = &'a mut dyn FnMut(Value);
 /// Runs the node cases; `filters` as PLEXUS_VM_CASES.
 pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
     let selected = |n: &str| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str()));
+    // Opt-in cases run only when a filter names them (not yet part of the CI run).
+    let selected = |n: &str| {
+        if OPT_IN.contains(&n) {
+            filters.iter().any(|f| n.contains(f.as_str()))
+        } else {
+            selected(n)
+        }
+    };
     if !CASES.iter().any(|(n, _)| selected(n)) {
         return;
     }
