@@ -28,7 +28,13 @@ done
 
 # Root modules: the emulated 82576 PF and its VFs, the 9p share of the host root, vfio-pci for
 # DPDK mode, and what the CNI plugins used by plexus' default network need (veth, bridge).
-roots=(virtio_pci 9pnet_virtio 9p igb igbvf vfio-pci vfio_iommu_type1 veth bridge)
+# The node cases (a kubelet + containerd in the VM) add: virtio_net (the node's own NIC, the
+# apiserver through QEMU's guestfwd), overlay (containerd's snapshotter), vxlan (flannel),
+# br_netfilter, 8021q, crc32c_generic (libcrc32c soft-depends on it), and nf_tables + the xt matches iptables-nft uses (flannel, portmap).
+roots=(virtio_pci 9pnet_virtio 9p igb igbvf vfio-pci vfio_iommu_type1 veth bridge
+  virtio_net overlay vxlan br_netfilter 8021q crc32c_generic libcrc32c nf_tables nft_compat nft_chain_nat nft_nat
+  nft_masq nft_ct nft_reject_inet nft_fib_inet nf_conntrack nf_nat xt_MASQUERADE xt_conntrack
+  xt_comment xt_mark xt_addrtype xt_multiport xt_nat xt_statistic xt_tcpudp)
 declare -A seen=()
 order=()
 find_mod() {
@@ -74,9 +80,11 @@ fi
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
-for d in /host/run /host/tmp /host/var/tmp /host/var/lib/cni; do
+for d in /host/run /host/tmp /host/var/tmp /host/var/lib/cni /host/var/lib/kubelet /host/var/log; do
   [ -d "$d" ] && mount -t tmpfs tmpfs "$d"
 done
+# The node cases' kubelet and containerd: cgroup v2 (the guest's own hierarchy).
+mount -t cgroup2 cgroup2 /host/sys/fs/cgroup 2>/dev/null || echo "vm-init: no cgroup2"
 # After the tmpfs mounts: the out directory may live under /tmp (created on the tmpfs then).
 mkdir -p "/host$outdir" 2>/dev/null
 mount -t 9p -o "$o" out "/host$outdir" || echo "vm-init: cannot mount the out share"

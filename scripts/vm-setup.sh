@@ -2,7 +2,8 @@
 # Install what the SR-IOV VM tier (e2e/tests/vm_sriov) needs, as root on Debian 12:
 #   - QEMU 8.0+ for the emulated Intel 82576 (`-device igb`): Debian 12 has 7.2, so
 #     qemu-system-x86 comes from bookworm-backports (added to apt's sources if missing);
-#   - busybox-static for the initramfs;
+#   - busybox-static for the initramfs (its `nc` also relays the guest's apiserver connections);
+#   - pci.ids, the PCI database the SR-IOV device plugin (sriovdp) needs in the node cases;
 #   - Debian's kernel package, downloaded and unpacked into target/vm (scripts/vm-kernel.sh;
 #     never installed).
 # Everything is --no-install-recommends and idempotent. scripts/setup.sh runs it when
@@ -19,6 +20,8 @@ qemu_has_igb() {
 need=()
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" ||
   need+=(busybox-static)
+dpkg-query -W -f='${Status}' pci.ids 2>/dev/null | grep -q "install ok installed" ||
+  need+=(pci.ids)
 if [ "${#need[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

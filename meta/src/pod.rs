@@ -87,7 +87,9 @@ pub fn statefulset_of(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
 pub struct PodClaims {
     /// `spec.nodeName` (the node whose ResourceSlices describe the devices).
     pub node_name: String,
-    /// API names of the pod's claims (`status.resourceClaimStatuses[].resourceClaimName`).
+    /// API names of the pod's claims: `spec.resourceClaims[].resourceClaimName` (a claim the
+    /// pod names directly) and `status.resourceClaimStatuses[].resourceClaimName` (claims made
+    /// from templates), without duplicates.
     pub claims: Vec<String>,
     /// `status.extendedResourceClaimStatus`: the claim holding extended-resource requests.
     pub extended: Option<ExtendedClaim>,
@@ -112,14 +114,27 @@ impl PodClaims {
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default(),
-            claims: status
-                .and_then(|s| s.resource_claim_statuses.as_ref())
-                .map(|l| {
-                    l.iter()
-                        .filter_map(|c| c.resource_claim_name.clone())
-                        .collect()
-                })
-                .unwrap_or_default(),
+            claims: {
+                let direct = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.resource_claims.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.resource_claim_name.clone());
+                let made = status
+                    .and_then(|s| s.resource_claim_statuses.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.resource_claim_name.clone());
+                let mut all: Vec<String> = Vec::new();
+                for c in direct.chain(made) {
+                    if !all.contains(&c) {
+                        all.push(c);
+                    }
+                }
+                all
+            },
             extended: status
                 .and_then(|s| s.extended_resource_claim_status.as_ref())
                 .map(|e| ExtendedClaim {
@@ -150,5 +165,37 @@ mod tests {
         assert_eq!(p.key(), "db/pg-0");
         assert_eq!(p.uid, "u1");
         assert!(PodIdentity::from_args(&CniArgs::parse("K8S_POD_NAME=x").unwrap()).is_none());
+    }
+
+    /// A claim the pod names directly (`spec.resourceClaims[].resourceClaimName`) has no
+    /// `status.resourceClaimStatuses` entry (Kubernetes fills that only for template claims):
+    /// found by the real VM tier's DRA case, where such a pod got no device.
+    #[test]
+    fn claims_named_in_the_spec_count_as_well_as_template_claims() {
+        let pod = crate::k8s::pod_from_json(serde_json::json!({
+            "metadata": {"name": "pg-dra", "namespace": "default", "uid": "u"},
+            "spec": {"nodeName": "n1", "resourceClaims": [
+                {"name": "vf", "resourceClaimName": "bank-vf"},
+                {"name": "gpu", "resourceClaimTemplateName": "gpu-t"}]},
+            "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "pg-dra-gpu-x"}]}
+        }))
+        .unwrap();
+        let c = PodClaims::from_pod(&pod);
+        assert_eq!(c.node_name, "n1");
+        assert_eq!(
+            c.claims,
+            vec!["bank-vf".to_string(), "pg-dra-gpu-x".to_string()]
+        );
+        // Only a direct claim, no status at all.
+        let pod = crate::k8s::pod_from_json(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"resourceClaims": [{"name": "vf", "resourceClaimName": "bank-vf"}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            PodClaims::from_pod(&pod).claims,
+            vec!["bank-vf".to_string()]
+        );
+        assert!(!PodClaims::from_pod(&pod).is_empty());
     }
 }

@@ -179,6 +179,17 @@ pub fn main() -> i32 {
         );
         out.line(&json!({"case": name, "ok": ok, "secs": secs, "detail": detail.trim()}));
     }
-    out.line(&json!({"done": true, "cases": all.len(), "failed": failed}));
+    // The node cases (host started a control plane for them: `node_host`).
+    let mut ran = all.len();
+    if outdir.join("node/node.json").exists() {
+        crate::cases_node::run(&pf, &outdir, &filters, &mut |v| {
+            if v["ok"] == false {
+                failed += 1;
+            }
+            ran += usize::from(v["case"].is_string());
+            out.line(&v);
+        });
+    }
+    out.line(&json!({"done": true, "cases": ran, "failed": failed}));
     i32::from(failed > 0)
 }

@@ -128,6 +128,14 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     if !st.success() {
         return Err("scripts/vm-initramfs.sh failed".into());
     }
+    // The node cases' control plane (None: no PLEXUS_K8S_BIN); it outlives QEMU.
+    let node = crate::node_host::prepare(&out).map_err(|e| format!("node cases: {e:#}"))?;
+    if node.is_none() {
+        println!(
+            "vm_sriov: node cases skipped: {}",
+            plexus_e2e::realk8s::bins::skip_message()
+        );
+    }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let console = out.join("console.log");
     let mut append = format!(
@@ -141,9 +149,11 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     let timeout = std::env::var("PLEXUS_VM_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(600u64);
-    // TCG by default: KVM boots hang on the machines this was built on, and TCG is the same
-    // everywhere.
+        // The node cases (a kubelet and its pods under TCG) need several minutes more.
+        .unwrap_or(if node.is_some() { 1500 } else { 600 });
+    // TCG by default: KVM boots hang on the machines this was built on (measured again with the
+    // node cases: no console output within 40 s, default CPU model and `-cpu host` alike), and
+    // TCG is the same everywhere.
     let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
     let started = Instant::now();
     let deadline = started + Duration::from_secs(timeout);
@@ -155,6 +165,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         accel: &accel,
         out: &out,
         console: &console,
+        extra: node.as_ref().map(|n| n.qemu_args.as_slice()).unwrap_or(&[]),
     };
     println!(
         "vm_sriov: booting QEMU ({accel}, igb PF) with {}; waiting up to {timeout} s",
@@ -215,6 +226,7 @@ struct Boot<'a> {
     accel: &'a str,
     out: &'a Path,
     console: &'a Path,
+    extra: &'a [String],
 }
 
 impl Boot<'_> {
@@ -230,9 +242,15 @@ impl Boot<'_> {
             }
             None => Command::new(self.qemu),
         };
+        // A node (kubelet, containerd, flanneld, sriovdp) needs more memory than the cases alone.
+        let mem = if self.extra.is_empty() {
+            "1536"
+        } else {
+            "3072"
+        };
         let child = cmd
             .args([
-                "-accel", self.accel, "-machine", "q35", "-m", "1536", "-smp", "2",
+                "-accel", self.accel, "-machine", "q35", "-m", mem, "-smp", "2",
             ])
             .args([
                 "-nodefaults",
@@ -263,6 +281,7 @@ impl Boot<'_> {
                 "local,path={},mount_tag=out,security_model=none",
                 self.out.display()
             ))
+            .args(self.extra)
             .arg("-serial")
             .arg(format!("file:{}", self.console.display()))
             .stdin(Stdio::null())

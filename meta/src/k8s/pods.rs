@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerExtendedResourceRequest, Pod, PodExtendedResourceClaimStatus, PodResourceClaimStatus,
-    PodSpec, PodStatus,
+    ContainerExtendedResourceRequest, Pod, PodExtendedResourceClaimStatus, PodResourceClaim,
+    PodResourceClaimStatus, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -56,6 +56,16 @@ struct MetaView {
 #[serde(default, rename_all = "camelCase")]
 struct SpecView {
     node_name: Option<String>,
+    /// `spec.resourceClaims`: a claim referenced by `resourceClaimName` appears only here
+    /// (`status.resourceClaimStatuses` lists only claims made from templates).
+    resource_claims: Option<Vec<ClaimRefView>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ClaimRefView {
+    name: String,
+    resource_claim_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -126,10 +136,21 @@ impl PodView {
                 owner_references: self.metadata.owner_references,
                 ..ObjectMeta::default()
             },
-            spec: self.spec.node_name.map(|n| PodSpec {
-                node_name: Some(n),
-                ..PodSpec::default()
-            }),
+            spec: (self.spec.node_name.is_some() || self.spec.resource_claims.is_some()).then(
+                || PodSpec {
+                    node_name: self.spec.node_name,
+                    resource_claims: self.spec.resource_claims.map(|l| {
+                        l.into_iter()
+                            .map(|c| PodResourceClaim {
+                                name: c.name,
+                                resource_claim_name: c.resource_claim_name,
+                                ..PodResourceClaim::default()
+                            })
+                            .collect()
+                    }),
+                    ..PodSpec::default()
+                },
+            ),
             status,
         }
     }

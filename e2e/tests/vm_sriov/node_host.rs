@@ -1,0 +1,203 @@
+//! Host side of the node cases: a real control plane (etcd + kube-apiserver, the realk8s rig) on
+//! the host's loopback, reached from the VM through QEMU's user network: a second NIC
+//! (virtio-net) on a `restrict=on` user network whose only way out is a `guestfwd` of
+//! 10.0.2.100:<port> to the apiserver (each connection relayed by `busybox nc`). The VM then only
+//! carries what a node carries (containerd, kubelet, flanneld, sriovdp, plexus), and the
+//! apiserver's serving certificate for 127.0.0.1 stays valid: the guest relays 127.0.0.1:<port>
+//! to 10.0.2.100:<port>.
+//!
+//! Everything the guest needs goes into `<out>/node/` (the writable 9p share): `node.json`
+//! (paths of the binaries, which the guest sees at the same paths over the read-only host root,
+//! the port, the node name), the kubelet's and the admin's kubeconfigs, plexus' ServiceAccount
+//! token and the pause image.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use plexus_e2e::realk8s::bins::{find_usable, target_dir};
+use plexus_e2e::realk8s::{pause, ControlPlane, K8sBins, Proc};
+use serde_json::json;
+
+use crate::common::bin_dir;
+
+/// Guest-side address QEMU's guestfwd listens on.
+pub const GUEST_FWD_IP: &str = "10.0.2.100";
+
+/// The running control plane; dropping it stops everything (after QEMU has gone).
+pub struct NodeHost {
+    /// Extra QEMU arguments (the second NIC and its user network).
+    pub qemu_args: Vec<String>,
+    // Drop order: processes before the control plane.
+    _scheduler: Option<Proc>,
+    _controller_manager: Option<Proc>,
+    _cp: ControlPlane,
+}
+
+/// `Ok(None)`: no `PLEXUS_K8S_BIN` (the node cases are skipped, with a note, unless
+/// `PLEXUS_K8S_REQUIRE=1`, which makes that an error).
+pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
+    let Some(bins) = K8sBins::from_env()? else {
+        if plexus_e2e::realk8s::bins::required() {
+            anyhow::bail!(
+                "PLEXUS_K8S_REQUIRE=1 but {}",
+                plexus_e2e::realk8s::bins::skip_message()
+            );
+        }
+        return Ok(None);
+    };
+    // `../shared/<dir>/bin`, found next to PLEXUS_K8S_BIN (`../shared/k8s/bin`) like the
+    // overlay rig does; PLEXUS_OVERLAYS_BIN / PLEXUS_SRIOV_STACK_BIN override.
+    let k8s =
+        PathBuf::from(std::env::var_os(plexus_e2e::realk8s::bins::BIN_ENV).unwrap_or_default());
+    let dir_of = |env: &str, dir: &str| {
+        std::env::var_os(env)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| k8s.join("../..").join(dir).join("bin"))
+    };
+    let overlays = dir_of(plexus_e2e::realk8s::overlay::OVERLAYS_ENV, "overlays");
+    let stack = dir_of("PLEXUS_SRIOV_STACK_BIN", "sriov-stack");
+    let need = |dir: &Path, name: &str| -> Result<PathBuf> {
+        find_usable(dir, name)?.with_context(|| format!("{name} not in {}", dir.display()))
+    };
+    let flanneld = need(&overlays, "flanneld")?;
+    let flannel = need(&overlays, "flannel")?;
+    let sriovdp = need(&stack, "sriovdp")?;
+    let dra = need(&stack, "dra-driver-sriov")?;
+    let peers = dir_of("PLEXUS_PEERS_BIN", "peers");
+    let sriov_cni = need(&peers, "sriov-cni")?;
+    let scheduler = bins
+        .scheduler
+        .clone()
+        .context("kube-scheduler not in PLEXUS_K8S_BIN (the DRA case needs it)")?;
+    let cp = ControlPlane::start(&bins)?;
+    cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-dra.yaml"])?;
+    dra_objects(&cp, &stack.join("../dra-driver-sriov"))?;
+    cp.create_namespace("bank")?;
+    // The quickstart's namespace (no controller-manager: its default ServiceAccount and CA
+    // ConfigMap are made here).
+    cp.create_namespace("default")?;
+    // This Kubernetes build (openshift/microshift's vendored v1.36.2) projects the ConfigMap
+    // `openshift-service-ca.crt` into every ServiceAccount token volume, and the kubelet waits
+    // for it; the quickstart pod mounts its token, so the ConfigMap is made here.
+    for ns in ["default", "bank"] {
+        cp.apply(
+            &json!({"apiVersion":"v1","kind":"ConfigMap",
+                "metadata":{"name":"openshift-service-ca.crt","namespace":ns},
+                "data":{"service-ca.crt":cp.ca_pem()}})
+            .to_string(),
+        )?;
+    }
+    // The real kube-scheduler allocates the DRA claim (and binds that pod).
+    let kc = cp.admin_kubeconfig().display().to_string();
+    let sched = Proc::spawn(
+        "kube-scheduler",
+        &scheduler,
+        &[
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ],
+        &cp.dir().join("scheduler.log"),
+    )?;
+    let dir = out.join("node");
+    std::fs::create_dir_all(&dir)?;
+    let token = cp.create_token("kube-system", "plexus")?;
+    std::fs::write(dir.join("plexus.token"), token)?;
+    std::fs::write(dir.join("ca.crt"), cp.ca_pem())?;
+    let name = format!("vm-sriov-{}", std::process::id());
+    let cert = cp.client_cert(&format!("system:node:{name}"), Some("system:nodes"))?;
+    cp.write_cert_kubeconfig(&dir.join("kubelet.kubeconfig"), &cert)?;
+    cp.write_kubeconfig(&dir.join("admin.kubeconfig"), cp.admin_token())?;
+    pause::build_image(&dir.join("pause-work"), &dir.join("pause.tar"))?;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cfg = json!({
+        "name": name,
+        "port": cp.port(),
+        "kubelet": bins.kubelet,
+        "kubectl": bins.kubectl,
+        "flanneld": flanneld,
+        "flannel": flannel,
+        "sriovdp": sriovdp,
+        "dra": dra,
+        "sriov_cni": sriov_cni,
+        "plexus_src": bin_dir(),
+        "install_sh": repo.join("deploy/install.sh").canonicalize()?,
+        "target": target_dir(),
+    });
+    std::fs::write(dir.join("node.json"), serde_json::to_vec_pretty(&cfg)?)?;
+    std::fs::write(
+        dir.join("quickstart-bank.json"),
+        quickstart_bank(&cp, &repo)?,
+    )?;
+    let port = cp.port();
+    let netdev = format!(
+        "user,id=n1,restrict=on,net=10.0.2.0/24,guestfwd=tcp:{GUEST_FWD_IP}:{port}-cmd:busybox nc 127.0.0.1 {port}"
+    );
+    Ok(Some(NodeHost {
+        qemu_args: vec![
+            "-netdev".into(),
+            netdev,
+            "-device".into(),
+            "virtio-net-pci,netdev=n1".into(),
+        ],
+        _scheduler: Some(sched),
+        _controller_manager: None,
+        _cp: cp,
+    }))
+}
+
+/// The DRA driver's CRDs, DeviceClass and a policy that gives the VM's VFs (82576 VF, igbvf)
+/// the attribute `k8s.cni.cncf.io/resourceName: intel.com/sriov_igb`, the bank NAD's
+/// resourceName: the same NAD serves both paths.
+fn dra_objects(cp: &ControlPlane, dir: &Path) -> Result<()> {
+    for f in [
+        "sriovnetwork.k8snetworkplumbingwg.io_deviceattributes.yaml",
+        "sriovnetwork.k8snetworkplumbingwg.io_sriovresourcepolicies.yaml",
+        "deviceclass.yaml",
+    ] {
+        cp.apply_file(&dir.join(f))
+            .with_context(|| format!("apply {}", dir.join(f).display()))?;
+    }
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/sriovresourcepolicies.sriovnetwork.k8snetworkplumbingwg.io",
+        "crd/deviceattributes.sriovnetwork.k8snetworkplumbingwg.io",
+    ])?;
+    cp.create_namespace("dra-driver-sriov")?;
+    let g = "sriovnetwork.k8snetworkplumbingwg.io/v1alpha1";
+    cp.apply(
+        &json!({"apiVersion":g,"kind":"DeviceAttributes","metadata":{"name":"igb-vfs",
+            "namespace":"dra-driver-sriov","labels":{"pool":"igb-vfs"}},
+            "spec":{"attributes":{"k8s.cni.cncf.io/resourceName":{"string":crate::node::RESOURCE}}}})
+        .to_string(),
+    )?;
+    cp.apply(
+        &json!({"apiVersion":g,"kind":"SriovResourcePolicy","metadata":{"name":"igb-vfs",
+            "namespace":"dra-driver-sriov"},
+            "spec":{"configs":[{"deviceAttributesSelector":{"matchLabels":{"pool":"igb-vfs"}},
+                "resourceFilters":[{"vendors":["8086"],"devices":["10ca"],"drivers":["igbvf"]}]}]}})
+        .to_string(),
+    )?;
+    Ok(())
+}
+
+/// The bank case of docs/quickstart.md (its section 3 YAML block: the NAD and the pod) as a
+/// JSON List, converted by kubectl on the host: the tier runs exactly these objects.
+fn quickstart_bank(cp: &ControlPlane, repo: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(repo.join("docs/quickstart.md"))?;
+    let start = text
+        .find("## 3. The bank case")
+        .context("docs/quickstart.md has no '## 3. The bank case' section")?;
+    let (_, yaml) = crate::common::markdown_blocks(&text[start..], "yaml")
+        .into_iter()
+        .next()
+        .context("no YAML block in the quickstart's bank case")?;
+    cp.kubectl_stdin(
+        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+        Some(&yaml),
+    )
+}
