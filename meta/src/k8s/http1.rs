@@ -180,9 +180,7 @@ impl Transport for Http1Transport {
                         conn = self.connect().await?;
                         reused = false;
                     }
-                    Exchange::NotSent(e) | Exchange::Broken(e) => {
-                        return Err(e)
-                    }
+                    Exchange::NotSent(e) | Exchange::Broken(e) => return Err(e),
                 }
             }
         })
@@ -214,6 +212,7 @@ fn is_idempotent(method: &http::Method) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// A plain server on loopback answering each accepted connection from `script`: for every
