@@ -25,6 +25,14 @@ const RESOURCES: &[&str] = &["pods", "events", "network-attachment-definitions"]
 const NODE: &str = "bench-node";
 const SA_DIR: &str = "/run/secrets/kubernetes.io/serviceaccount";
 
+/// The secondary network: the bench's macvlan delegate with host-local leases.
+fn macvlan(e: &Env) -> Value {
+    let mut c = e.delegates()[1].clone();
+    c["ipam"] = json!({"type":"host-local","dataDir":e.path("ipam-nad"),
+        "ranges":[[{"subnet":"10.199.0.0/24"}]]});
+    c
+}
+
 /// One system under test: the binary the runtime execs and its config.
 struct System {
     label: &'static str,
@@ -116,7 +124,10 @@ impl Peers {
         std::fs::write(sa.join("token"), &mtoken)?;
         std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
         std::fs::write(sa.join("namespace"), "kube-system")?;
-        let mut nad_conf = e.delegates()[1].clone();
+        // The macvlan network with host-local leases (a static address would make every
+        // system's pod claim the same address: Plexus refuses one address twice, at one pods
+        // LIST per ADD, docs/annotations.md).
+        let mut nad_conf = macvlan(&e);
         nad_conf.as_object_mut().unwrap().remove("name");
         cp.apply(
             &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
@@ -276,7 +287,7 @@ impl Peers {
     fn direct(&self, cid: &str) -> Result<(Duration, Duration)> {
         let netns = format!("/run/netns/{}", self.e.netns);
         let cni_path = self.cni_bin.display().to_string();
-        let d = self.e.delegates();
+        let d = [self.e.delegates()[0].clone(), macvlan(&self.e)];
         let run = |cmd: &str, order: &[(&Value, &str)]| -> Result<Duration> {
             let t = Instant::now();
             for (conf, ifn) in order {
