@@ -49,6 +49,10 @@ fn main() -> ExitCode {
         api_down_warm_cache(&node)
     });
     suite.case("daemon_restarted_between_add_and_del", || restarted(&node));
+    suite.case(
+        "daemon_killed_before_the_status_patch_next_daemon_writes_it",
+        || killed_before_the_status_patch(&node),
+    );
     suite.case("nad_changed_between_add_and_del_del_uses_the_plan", || {
         nad_changed(&node)
     });
@@ -536,6 +540,46 @@ fn restarted(node: &Node<'_>) -> Result<()> {
         "links {:?}",
         ns.links()
     );
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
+}
+
+/// A daemon SIGKILLed between an ADD's answer and its network-status PATCH (held back here by
+/// the API being down): the pending write it recorded is replayed by the next daemon's first
+/// call, and the record is gone once written.
+fn killed_before_the_status_patch(node: &Node<'_>) -> Result<()> {
+    let d = node.start_daemon()?;
+    let uid = node.pod("d10")?;
+    wait_cached(node, "d10");
+    let ns = Netns::new();
+    node.cp.stop_apiserver();
+    let r = node.call("ADD", "d10", &uid, &ns.path(), &json!({}));
+    drop(d);
+    node.cp.start_apiserver()?;
+    ensure!(r.code == 0, "ADD with the API down: {} {}", r.out, r.stderr);
+    let record = "status-pending/cid-d10.json".to_string();
+    ensure!(
+        files_under(&node.path("state")).contains(&record),
+        "no pending record: {:?}",
+        files_under(&node.path("state"))
+    );
+    ensure!(
+        node.status("d10")?.is_empty(),
+        "status written by a killed daemon"
+    );
+    let _d = node.start_daemon()?;
+    let check = node.call("CHECK", "d10", &uid, &ns.path(), &json!({}));
+    ensure!(check.code == 0, "CHECK: {} {}", check.out, check.stderr);
+    node.wait(
+        "network-status replayed by the next daemon",
+        Duration::from_secs(15),
+        || node.status("d10").map(|s| s.len()).unwrap_or(0) == 2,
+    )
+    .with_context(|| daemon_log_tail(node))?;
+    node.wait("record removed", Duration::from_secs(5), || {
+        !files_under(&node.path("state")).contains(&record)
+    })?;
+    node.call("DEL", "d10", &uid, &ns.path(), &json!({})).ok();
     ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
     Ok(())
 }

@@ -89,6 +89,7 @@ pub fn add_all(
     netns: &str,
     pod: &str,
 ) -> Result<Vec<Attached>, MetaError> {
+    let prep = plexus_delegates::timing::phase("attach_prep");
     let ns = NetNs::open(netns).map_err(|source| MetaError::NetnsOpen {
         pod: pod.to_string(),
         source,
@@ -102,18 +103,24 @@ pub fn add_all(
             pod: pod.to_string(),
             source: Box::new(e),
         })?;
+    drop(prep);
+    // Every interface name is checked before anything runs, in one visit to the namespace (a
+    // thread that enters it): an existing one fails the ADD with nothing to undo.
+    if let Some(first) = plan.first() {
+        let taken = ns
+            .run(|| plan.iter().find(|a| link_exists(&a.ifname)))
+            .map_err(|source| failed(pod, first, MetaError::NetnsEnter { source }))?;
+        if let Some(a) = taken {
+            let e = MetaError::InterfaceExists {
+                ifname: a.ifname.clone(),
+            };
+            return Err(failed(pod, a, e));
+        }
+    }
     let mut undo: Vec<usize> = Vec::new();
     let mut done = Vec::new();
     for (i, (a, (list, att))) in plan.iter().zip(&prepared).enumerate() {
         let step = (|| -> Result<CniResult, MetaError> {
-            let exists = ns
-                .run(|| link_exists(&a.ifname))
-                .map_err(|source| MetaError::NetnsEnter { source })?;
-            if exists {
-                return Err(MetaError::InterfaceExists {
-                    ifname: a.ifname.clone(),
-                });
-            }
             // No common version (the plugins' VERSION answers): no plugin of this network ran,
             // so it has nothing to roll back (its DEL would fail the same way).
             let ver = rt.negotiate(list).map_err(|source| MetaError::Delegate {

@@ -61,6 +61,32 @@ impl SavedPlan {
     }
 }
 
+/// The fsync of a plan saved by [`PlanStore::save_for_add`], running.
+#[derive(Debug)]
+#[must_use = "wait for the plan to be on disk before answering ADD"]
+pub struct Durable {
+    path: PathBuf,
+    /// `None`: no thread could be started; [`Durable::wait`] syncs in the caller.
+    sync: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Durable {
+    /// Wait until the plan is on disk. A failed fsync is logged, not returned: the plan is in
+    /// place for every DEL short of a power loss, and the attachments are fine.
+    pub fn wait(self) {
+        let _phase = plexus_delegates::timing::phase("plan_sync_wait");
+        let res = match self.sync {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("fsync thread panicked"))),
+            None => std::fs::File::open(&self.path).and_then(|f| f.sync_all()),
+        };
+        if let Err(e) = res {
+            tracing::warn!(path = %self.path.display(), error = %e, "plan saved but not synced to disk");
+        }
+    }
+}
+
 /// Plan files and per-container locks under `cniDir`.
 #[derive(Debug, Clone)]
 pub struct PlanStore {
@@ -102,6 +128,30 @@ impl PlanStore {
         fsutil::write_atomic(&p, &bytes, 0o600).map_err(|source| MetaError::PlanSave {
             path: p.clone(),
             source,
+        })
+    }
+
+    /// Save for ADD (atomic, 0600): the plan is in place when this returns — any process that
+    /// dies after it (plexus, the daemon, SIGKILL, OOM) leaves it for DEL — and its fsync runs
+    /// on a thread of its own while the delegates run; [`Durable::wait`] joins it before ADD
+    /// answers. Only a power loss (or kernel crash) during the ADD itself can lose it, a window
+    /// in which the delegates' own state (IPAM lease files, the result cache) is not on disk
+    /// either; DEL then falls back to the result cache and a rebuilt plan.
+    pub fn save_for_add(&self, plan: &SavedPlan) -> Result<Durable, MetaError> {
+        let _phase = plexus_delegates::timing::phase("plan_save");
+        let p = self.path(&plan.container_id, &plan.ifname);
+        let bytes = serde_json::to_vec(plan).map_err(|source| MetaError::PlanEncode { source })?;
+        fsutil::write_atomic_nosync(&p, &bytes, 0o600).map_err(|source| MetaError::PlanSave {
+            path: p.clone(),
+            source,
+        })?;
+        let synced = p.clone();
+        let sync = std::thread::Builder::new()
+            .name("plexus-plan-sync".into())
+            .spawn(move || std::fs::File::open(&synced).and_then(|f| f.sync_all()));
+        Ok(Durable {
+            path: p,
+            sync: sync.ok(),
         })
     }
 

@@ -170,8 +170,17 @@ struct DaemonPlugin<'a>(&'a Shared);
 impl DaemonPlugin<'_> {
     fn ctx(&self, args: &CmdArgs) -> Result<(Ctx, CacheInputs), CniError> {
         let s = self.0;
-        plexus_delegates::timing::reset();
+        // The worker started this call's phases (server::worker).
+        let phase = plexus_delegates::timing::phase("config");
         let ctx = Ctx::new(args, None)?.with_shared(s.handle.clone(), s.client.clone());
+        drop(phase);
+        if let (Some(client), true) = (&s.client, status::background()) {
+            // Writes a killed daemon left unsent (the first call for this cniDir only).
+            let dir = std::path::Path::new(&ctx.config.cni_dir);
+            for (file, rec) in crate::report::journal::take_for_replay(dir, &ctx.store) {
+                ctx.spawn_detached(status::replay(client, rec, file));
+            }
+        }
         let inputs = CacheInputs {
             caches: Arc::clone(&s.caches),
             client: s.client.clone(),
@@ -184,9 +193,9 @@ impl DaemonPlugin<'_> {
 
 impl Plugin for DaemonPlugin<'_> {
     fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
-        let (mut ctx, mut inputs) = self.ctx(&args)?;
         let started = std::time::Instant::now();
-        let out = status::for_container(&args.container_id, || {
+        let (mut ctx, mut inputs) = self.ctx(&args)?;
+        let out = status::for_container(&args.container_id, &args.ifname, || {
             add::add(&mut ctx, &mut inputs, &args)
         });
         tracing::info!(container = %args.container_id, ok = out.is_ok(), elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,

@@ -204,10 +204,17 @@ fn worker(
             rx.recv()
         };
         let Ok(mut job) = job else { return };
+        // The call's phases (its closing log line) start with its wait in the queue and the
+        // reading of its request.
+        plexus_delegates::timing::reset();
+        plexus_delegates::timing::record("queue", job.accepted.elapsed());
         metrics.queue().dec();
         metrics.in_flight().inc();
         let _ = job.conn.set_read_timeout(Some(Duration::from_secs(10)));
-        let (verb, resp) = match read_message::<Request>(&mut job.conn, MAX_REQUEST_BYTES) {
+        let read = plexus_delegates::timing::phase("request_read");
+        let request = read_message::<Request>(&mut job.conn, MAX_REQUEST_BYTES);
+        drop(read);
+        let (verb, resp) = match request {
             Ok(req) => {
                 let verb = req.env.get("CNI_COMMAND").cloned().unwrap_or_default();
                 (verb, handler(req))

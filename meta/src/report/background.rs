@@ -15,13 +15,16 @@
 //!   (`NetworkStatusFailed`), and the pod runs without network-status until a retry succeeds;
 //! - SIGTERM waits (within the drain period) for the pending writes; a daemon killed before a
 //!   write was sent loses it: that pod keeps running without network-status until its
-//!   sandbox is recreated. `--status-in-call` (`statusInCall`) restores the in-call PATCH
+//!   sandbox is recreated — unless its record under `cniDir` ([`journal`]) is replayed by the
+//!   next daemon's first call. `--status-in-call` (`statusInCall`) restores the in-call PATCH
 //!   (thin mode's semantics: a permanent refusal undoes the ADD, code 11/102).
 
+use super::journal::{self, PendingStatus};
 use super::STATUS_RETRY_FOR;
 use crate::k8s::{EventType, K8sError, KubeClient, PodRef};
 use crate::pod::PodIdentity;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -62,28 +65,66 @@ pub fn pending_count() -> usize {
 }
 
 thread_local! {
-    /// The container of the ADD this worker thread serves (set by the daemon around a call).
-    static CONTAINER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    /// The container and `CNI_IFNAME` of the ADD this worker thread serves (set by the daemon
+    /// around a call).
+    static CONTAINER: std::cell::RefCell<(String, String)> =
+        const { std::cell::RefCell::new((String::new(), String::new())) };
 }
 
-/// Run `f` as the call for `container` (the write it registers is cancelled by its DEL).
-pub fn for_container<T>(container: &str, f: impl FnOnce() -> T) -> T {
-    CONTAINER.with(|c| *c.borrow_mut() = container.to_string());
+/// Run `f` as the call for `container` / `ifname` (the write it registers is cancelled by the
+/// container's DEL, and recorded under its name, [`journal`]).
+pub fn for_container<T>(container: &str, ifname: &str, f: impl FnOnce() -> T) -> T {
+    CONTAINER.with(|c| *c.borrow_mut() = (container.to_string(), ifname.to_string()));
     let out = f();
-    CONTAINER.with(|c| c.borrow_mut().clear());
+    CONTAINER.with(|c| *c.borrow_mut() = Default::default());
     out
 }
 
 /// Register the network-status `status` of `pod` (for the current call's container),
-/// superseding any pending write of the pod; the returned future writes it (spawn it).
+/// superseding any pending write of the pod, and record it under `cni_dir` until it is over
+/// ([`journal`]: a daemon killed before the PATCH replays it); the returned future writes it
+/// (spawn it).
 pub fn write_later(
     client: &KubeClient,
     pod: &PodIdentity,
     status: String,
+    cni_dir: &Path,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (container_id, ifname) = CONTAINER.with(|c| c.borrow().clone());
+    let rec = PendingStatus {
+        container_id,
+        ifname,
+        pod: pod.clone(),
+        status,
+    };
+    let file = journal::record(cni_dir, &rec);
+    write_recorded(client, rec, file)
+}
+
+/// The write of a record a killed daemon left ([`journal::take_for_replay`]), registered now
+/// (a DEL of its container or a newer ADD of its pod drops it); spawn the future.
+pub fn replay(
+    client: &KubeClient,
+    rec: PendingStatus,
+    file: PathBuf,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    tracing::info!(pod = %rec.pod.key(), container = %rec.container_id, "network-status left unwritten by an earlier daemon: writing it");
+    write_recorded(client, rec, Some(file))
+}
+
+fn write_recorded(
+    client: &KubeClient,
+    rec: PendingStatus,
+    file: Option<PathBuf>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let PendingStatus {
+        container_id: container,
+        pod,
+        status,
+        ..
+    } = rec;
     let key = pod.key();
     let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
-    let container = CONTAINER.with(|c| c.borrow().clone());
     let lock = {
         let mut t = table();
         let lock = t.get(&key).map(|p| Arc::clone(&p.lock)).unwrap_or_default();
@@ -97,9 +138,12 @@ pub fn write_later(
         );
         lock
     };
-    let (client, pod) = (client.clone(), pod.clone());
+    let client = client.clone();
     async move {
         write(&client, &pod, &key, generation, &lock, &status).await;
+        if let Some(f) = &file {
+            journal::finished(f);
+        }
         let mut t = table();
         if t.get(&key).is_some_and(|p| p.generation == generation) {
             t.remove(&key);
@@ -223,9 +267,9 @@ mod tests {
         cancel("c2");
         assert!(!current(&key, 11), "a DEL of its container drops the write");
         assert_eq!(
-            for_container("c3", || CONTAINER.with(|c| c.borrow().clone())),
-            "c3"
+            for_container("c3", "eth0", || CONTAINER.with(|c| c.borrow().clone())),
+            ("c3".to_string(), "eth0".to_string())
         );
-        assert!(CONTAINER.with(|c| c.borrow().is_empty()));
+        assert!(CONTAINER.with(|c| c.borrow().0.is_empty()));
     }
 }

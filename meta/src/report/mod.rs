@@ -8,6 +8,7 @@
 
 pub mod background;
 pub mod claims;
+pub mod journal;
 
 use crate::attach::Attached;
 use crate::context::Ctx;
@@ -139,7 +140,8 @@ pub fn added(
         if ctx.in_daemon() && background::background() {
             // Daemon mode: the PATCH follows the answer (report/background.rs: ordering per pod,
             // retries, what a reader sees).
-            ctx.spawn_detached(background::write_later(client, &p.id, status));
+            let cni_dir = std::path::PathBuf::from(&ctx.config.cni_dir);
+            ctx.spawn_detached(background::write_later(client, &p.id, status, &cni_dir));
             return finish_added(ctx, Some(client), plan, done, added_event);
         }
         let patch = client.set_network_status(&p.id.namespace, &p.id.name, &p.id.uid, &status);

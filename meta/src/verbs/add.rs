@@ -14,6 +14,7 @@ use plexus_conf::args::CniArgs;
 use plexus_conf::error::{code, CniError};
 use plexus_conf::version;
 use plexus_delegates::skel::{AddOutput, CmdArgs};
+use plexus_delegates::timing;
 use std::path::Path;
 
 /// What ADD knows before it changes anything: the pod, its label for messages, the API client
@@ -61,6 +62,7 @@ fn forget_unstarted_add(ctx: &Ctx, args: &CmdArgs) {
 
 /// The side-effect-free part of ADD: read the inputs, plan, check the plugins are installed.
 fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Prepared, MetaError> {
+    let phase = timing::phase("args");
     let cni_args = CniArgs::parse(&args.args).map_err(|source| MetaError::CniArgs {
         source: source.into(),
     })?;
@@ -69,21 +71,27 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         check_pod_names(id)?;
     }
     wait_ready(&ctx.config)?;
+    drop(phase);
     let client = if id.is_some() {
         inputs.client(ctx)?
     } else {
         None
     };
     let pod = match &id {
-        Some(id) => inputs.pod(ctx, id)?,
+        Some(id) => {
+            // Thin mode: the GET (its `pod_get` phase within); daemon mode: the cache.
+            let _phase = timing::phase("pod_read");
+            inputs.pod(ctx, id)?
+        }
         None => None,
     };
     let label = id
         .as_ref()
         .map(|p| format!("pod {}", p.key()))
         .unwrap_or_else(|| format!("container {}", args.container_id));
-    let planned = inputs::read(ctx, inputs, pod.clone(), &label)
+    let planned = timed("inputs", || inputs::read(ctx, inputs, pod.clone(), &label))
         .and_then(|mut read| {
+            let _phase = timing::phase("plan");
             crate::address_guard::complete_owner(ctx, client.as_ref(), &mut read)?;
             plan::for_pod(
                 &ctx.config,
@@ -93,8 +101,14 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
                 &read,
             )
         })
-        .and_then(|plan| attach::validate_plugins(&ctx.runtime, &plan, &label).map(|()| plan))
         .and_then(|plan| {
+            timed("plugin_check", || {
+                attach::validate_plugins(&ctx.runtime, &plan, &label)
+            })
+            .map(|()| plan)
+        })
+        .and_then(|plan| {
+            let _phase = timing::phase("address_guard");
             crate::address_guard::check(ctx, client.as_ref(), id.as_ref(), &plan)
                 .map(|lock| (plan, lock))
         });
@@ -121,6 +135,12 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         plan,
         address_lock,
     })
+}
+
+/// Run `f` as the phase `name` (the call's closing log line, [`timing`]).
+fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    let _phase = timing::phase(name);
+    f()
 }
 
 /// Refuse a `K8S_POD_NAMESPACE` / `K8S_POD_NAME` that is not a Kubernetes name (code 4): it
@@ -154,12 +174,12 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
     // From here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
     // A second ADD for an attachment that exists must change nothing (the spec: error out).
-    if ctx
-        .store
-        .load(&args.container_id, &args.ifname)
-        .ok()
-        .flatten()
-        .is_some()
+    if timed("plan_load", || {
+        ctx.store.load(&args.container_id, &args.ifname)
+    })
+    .ok()
+    .flatten()
+    .is_some()
     {
         return Err(MetaError::AlreadyAttached {
             pod: label,
@@ -167,8 +187,10 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             ifname: args.ifname.clone(),
         });
     }
-    ctx.store.clear_tombstone(&args.container_id, &args.ifname);
-    ctx.store.save(&SavedPlan::new(
+    timed("tombstone", || {
+        ctx.store.clear_tombstone(&args.container_id, &args.ifname)
+    });
+    let durable = ctx.store.save_for_add(&SavedPlan::new(
         &args.container_id,
         &args.ifname,
         &args.netns,
@@ -176,8 +198,14 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         plan.clone(),
     ))?;
     drop(address_lock);
-    crate::devices::devinfo::seed(&plan, Path::new(&ctx.config.device_info_dir));
-    let done = match attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label) {
+    timed("devinfo", || {
+        crate::devices::devinfo::seed(&plan, Path::new(&ctx.config.device_info_dir))
+    });
+    let attached = attach::add_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label);
+    // The plan's fsync ran alongside the delegates: it is on disk before the runtime hears of
+    // the outcome, success or a failure whose plan stays for DEL (PlanStore::save_for_add).
+    durable.wait();
+    let done = match attached {
         Ok(d) => d,
         Err(e) => {
             // A clean rollback leaves nothing for the runtime's DEL to do; otherwise the
@@ -199,7 +227,10 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             return Err(e);
         }
     };
-    if let Err(failure) = report::added(ctx, client.as_ref(), pod.as_ref(), &plan, &done) {
+    let reported = timed("report", || {
+        report::added(ctx, client.as_ref(), pod.as_ref(), &plan, &done)
+    });
+    if let Err(failure) = reported {
         // The attachments are fine but the pod would carry no status: undo and let the
         // runtime retry rather than leave a pod that looks single-homed.
         if attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label).is_ok() {

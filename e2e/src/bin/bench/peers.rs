@@ -25,6 +25,14 @@ const RESOURCES: &[&str] = &["pods", "events", "network-attachment-definitions"]
 const NODE: &str = "bench-node";
 const SA_DIR: &str = "/run/secrets/kubernetes.io/serviceaccount";
 
+/// The secondary network: the bench's macvlan delegate with host-local leases.
+fn macvlan(e: &Env) -> Value {
+    let mut c = e.delegates()[1].clone();
+    c["ipam"] = json!({"type":"host-local","dataDir":e.path("ipam-nad"),
+        "ranges":[[{"subnet":"10.199.0.0/24"}]]});
+    c
+}
+
 /// One system under test: the binary the runtime execs and its config.
 struct System {
     label: &'static str,
@@ -116,7 +124,10 @@ impl Peers {
         std::fs::write(sa.join("token"), &mtoken)?;
         std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
         std::fs::write(sa.join("namespace"), "kube-system")?;
-        let mut nad_conf = e.delegates()[1].clone();
+        // The macvlan network with host-local leases (a static address would make every
+        // system's pod claim the same address: Plexus refuses one address twice, at one pods
+        // LIST per ADD, docs/annotations.md).
+        let mut nad_conf = macvlan(&e);
         nad_conf.as_object_mut().unwrap().remove("name");
         cp.apply(
             &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
@@ -276,7 +287,7 @@ impl Peers {
     fn direct(&self, cid: &str) -> Result<(Duration, Duration)> {
         let netns = format!("/run/netns/{}", self.e.netns);
         let cni_path = self.cni_bin.display().to_string();
-        let d = self.e.delegates();
+        let d = [self.e.delegates()[0].clone(), macvlan(&self.e)];
         let run = |cmd: &str, order: &[(&Value, &str)]| -> Result<Duration> {
             let t = Instant::now();
             for (conf, ifn) in order {
@@ -347,6 +358,7 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
     let mut p = Peers::start(cni_bin)?;
     let pd_pid = p.plexus_daemon(plexus, "pd", &[])?;
     let pc_pid = p.plexus_daemon(plexus, "pc", &["--status-in-call"])?;
+    let po_pid = p.plexus_daemon(plexus, "po", &[])?;
     let (md_pid, multus_conf) = p.multus_daemon(&multus_daemon)?;
     let shim_conf = |dir: &str| {
         let mut c = p.thin("plexus-shim", "kubeconfig");
@@ -362,7 +374,13 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         System {
             label: "Plexus thin",
             bin: plexus.to_path_buf(),
-            conf: p.thin("plexus", "kubeconfig"),
+            conf: {
+                // Its `ADD done` lines (phases) go to thin.log: one appended line per call.
+                let mut c = p.thin("plexus", "kubeconfig");
+                c["logLevel"] = json!("info");
+                c["logFile"] = json!(p.e.path("thin.log"));
+                c
+            },
         },
         System {
             label: "Multus thick",
@@ -376,8 +394,19 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         },
         System {
             label: "Plexus daemon, status in call",
-            bin: shim,
+            bin: shim.clone(),
             conf: shim_conf("pc"),
+        },
+        System {
+            // "Status off": the status after the answer and no event (`"events": false`): the
+            // call's own work with no API request in or after it but the background PATCH.
+            label: "Plexus daemon, events off",
+            bin: shim,
+            conf: {
+                let mut c = shim_conf("po");
+                c["events"] = json!(false);
+                c
+            },
         },
     ];
     println!(
@@ -434,16 +463,19 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         ("Plexus thin", "Multus thin"),
         ("Plexus daemon", "Multus thick"),
         ("Plexus daemon, status in call", "Multus thick"),
+        ("Plexus daemon, events off", "Multus thick"),
     ] {
         let (ra, rd) = ratio(a, b);
         println!(" {a} / {b}: ADD overhead {ra:.2}×, DEL overhead {rd:.2}×");
     }
     // Where the daemon's ADD time goes: its own `ADD done` lines (the timed rounds' ADDs).
-    for (idx, name, label) in [
-        (3, "pd", "Plexus daemon"),
-        (4, "pc", "Plexus daemon, status in call"),
+    for (idx, log, label) in [
+        (1, "thin.log", "Plexus thin"),
+        (3, "pd.log", "Plexus daemon"),
+        (4, "pc.log", "Plexus daemon, status in call"),
+        (5, "po.log", "Plexus daemon, events off"),
     ] {
-        let text = std::fs::read_to_string(p.e.path(&format!("{name}.log")))?;
+        let text = std::fs::read_to_string(p.e.path(log))?;
         let done: Vec<_> = crate::real_api::parse_log(&text, "ADD")
             .into_iter()
             .skip(1)
@@ -479,9 +511,50 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         let inside: Vec<f64> = done.iter().map(|d| d.elapsed_ms - delegates(d)).collect();
         let (o, o10, o90) = stats(&own);
         println!(
-            "   own time per ADD (wall minus its delegates): {o:.2} ms [{o10:.2}, {o90:.2}] = outside the pipeline (shim exec, socket) {:.2} + inside it, delegates excluded {:.2}",
+            "   own time per ADD (wall minus its delegates): {o:.2} ms [{o10:.2}, {o90:.2}] = outside the pipeline ({}) {:.2} + inside it, delegates excluded {:.2}",
+            if idx == 1 { "exec, start-up before main, exit" } else { "shim exec, socket, answer" },
             stats(&outside).0,
             stats(&inside).0
+        );
+        // The part of "inside" no top-level phase names (`report` holds `status_patch` /
+        // `status_and_event`, `pod_read` holds `pod_get`, `inputs` holds `nad_get`,
+        // `plugin_check` holds `plugin_lookup`; the daemon's `queue` and `request_read` come
+        // before its `elapsed_ms` starts).
+        let top = [
+            "config",
+            "args",
+            "client_build",
+            "pod_read",
+            "inputs",
+            "plan",
+            "plugin_check",
+            "address_guard",
+            "lock",
+            "plan_load",
+            "tombstone",
+            "plan_save",
+            "devinfo",
+            "attach_prep",
+            "netns",
+            "delegates",
+            "routes",
+            "result_cache",
+            "plan_sync_wait",
+            "report",
+        ];
+        let unnamed: Vec<f64> = done
+            .iter()
+            .map(|d| {
+                d.elapsed_ms
+                    - top
+                        .iter()
+                        .map(|k| d.phases.get(*k).copied().unwrap_or(0.0))
+                        .sum::<f64>()
+            })
+            .collect();
+        println!(
+            "   inside, in no top-level phase: {:.2} ms (median)",
+            stats(&unnamed).0
         );
     }
     println!(" API requests per ADD / DEL (apiserver_request_total, watches excluded):");
@@ -526,6 +599,7 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         ("Multus thick daemon", md_pid),
         ("Plexus daemon", pd_pid),
         ("Plexus daemon (status in call)", pc_pid),
+        ("Plexus daemon (events off)", po_pid),
     ] {
         let (now, hwm) = plexus_e2e::procfs::rss_kib(pid);
         println!("  {label:<30} RSS {now}, peak {hwm} (VmHWM, whole run)");
