@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 mod config;
+pub use config::containerd_config;
 mod host;
 
 use super::cri::Cri;

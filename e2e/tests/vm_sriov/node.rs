@@ -506,39 +506,10 @@ impl Drop for Node {
 }
 
 fn containerd_config() -> String {
-    format!(
-        r#"version = 2
-root = "{d}/containerd/root"
-state = "{d}/containerd/state"
-[grpc]
-  address = "{d}/containerd/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd/containerd.sock.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/local/pause:1"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "{d}/containerd/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{BIN_DIR}"
-    conf_dir = "{CONF_DIR}"
-"#,
-        d = DIR
+    plexus_e2e::realk8s::node::containerd_config(
+        &Path::new(DIR).join("containerd"),
+        Path::new(BIN_DIR),
+        Path::new(CONF_DIR),
     )
 }
 

@@ -2,6 +2,8 @@
 //! dirs, the locally built pause image) and the kubelet's `KubeletConfiguration` (cgroupfs under
 //! the node's own cgroup root, no eviction, no image GC).
 
+use std::path::Path;
+
 use anyhow::Result;
 
 use super::super::free_port;
@@ -10,47 +12,7 @@ use super::Node;
 
 impl Node<'_> {
     pub(super) fn containerd_config(&self) -> String {
-        let p = |s: &str| self.path(s).display().to_string();
-        format!(
-            r#"version = 2
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "{runc_root}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-"#,
-            root = p("containerd/root"),
-            state = p("containerd/state"),
-            sock = p("containerd/containerd.sock"),
-            opt = p("containerd/opt"),
-            runc_root = p("containerd/runc"),
-            bin = self.bin_dir().display(),
-            conf = self.conf_dir().display(),
-        )
+        containerd_config(&self.path("containerd"), &self.bin_dir(), &self.conf_dir())
     }
 
     pub(super) fn kubelet_config(&self) -> Result<String> {
@@ -91,4 +53,51 @@ nodeStatusUpdateFrequency: 2s
             logs = p("kubelet/pod-logs"),
         ))
     }
+}
+
+/// containerd's `config.toml` for a node whose containerd dirs are under `base` (root, state,
+/// socket, opt, runc root), with the CNI plugins in `bin_dir` and configs in `conf_dir`, and the
+/// locally built pause image; also used by the node inside the SR-IOV VM.
+pub fn containerd_config(base: &Path, bin_dir: &Path, conf_dir: &Path) -> String {
+    let p = |s: &str| base.join(s).display().to_string();
+    format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+snapshotter = "overlayfs"
+default_runtime_name = "runc"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = false
+    Root = "{runc_root}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+bin_dir = "{bin}"
+conf_dir = "{conf}"
+"#,
+        root = p("root"),
+        state = p("state"),
+        sock = p("containerd.sock"),
+        opt = p("opt"),
+        runc_root = p("runc"),
+        bin = bin_dir.display(),
+        conf = conf_dir.display(),
+    )
 }
