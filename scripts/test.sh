@@ -15,4 +15,20 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Every binary, built once up front (the e2e tests link their own copies through e2e-bin/; this
 # build is what the demo and a manual run use, and it fails fast on a build error).
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+cargo test --workspace --locked --no-run
+# The SR-IOV VM tier runs beside the others: everything it touches is inside QEMU (its apiserver
+# on the host is its own, on free ports), and the host tiers mostly wait on kubelets, so the two
+# together take about as long as the longer one. Its output is printed after the others'.
+vm_log=target/vm-tier.log
+cargo test -p plexus-e2e --locked --test vm_sriov >"$vm_log" 2>&1 &
+vm_pid=$!
+trap 'kill "$vm_pid" 2>/dev/null || true' EXIT
+rc=0
+cargo test --workspace --locked -- --skip vm_sriov || rc=$?
+vm_rc=0
+wait "$vm_pid" || vm_rc=$?
+trap - EXIT
+echo "=== the SR-IOV VM tier (vm_sriov), run beside the tests above ==="
+cat "$vm_log"
+[ "$vm_rc" -eq 0 ] || echo "vm_sriov: FAILED (exit $vm_rc)" >&2
+[ "$rc" -eq 0 ] && [ "$vm_rc" -eq 0 ]

@@ -10,9 +10,9 @@
 //! **flannel** gets the full case list, **calico** the compact one (real_node_daemon swaps them;
 //! the CI budget): both get pods with 0, 1 and 3 extra networks in both annotation forms, a
 //! hostPort + bandwidth pod (portmap's DNAT, bandwidth's ifb while it runs, gone after), a burst
-//! of 20, deletes while the apiserver is down, version mixes (plexus at CNI 1.1.0: STATUS, GC)
-//! and the timing table (create→Running / delete→gone, overlay alone vs plexus vs plexus + 1
-//! NAD); flannel also a missing NAD, the installer's SIGTERM, the DaemonSet's own pod and a
+//! of 20, deletes while the apiserver is down, version mixes (plexus at CNI 1.1.0: STATUS, GC);
+//! flannel also the timing table (create→Running / delete→gone, overlay alone vs plexus vs
+//! plexus + 1 NAD; on calico too with `PLEXUS_NODE_TIMINGS=all`), a missing NAD, the installer's SIGTERM, the DaemonSet's own pod and a
 //! Multus-style thin config. After every delete: no netns, veth, lease, plan or result-cache
 //! file, no calico ipamhandle or /32 route, no flannel per-container state, no iptables rule
 //! naming a deleted container.
@@ -81,11 +81,16 @@ fn main() -> ExitCode {
 fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
     let k = tier.overlay.kind().name();
     let name = |c: &str| format!("{k}/{c}");
+    // The timing table (a benchmark, 60 pods) on the full list's overlay; on every overlay
+    // with PLEXUS_NODE_TIMINGS=all.
+    let timings = full || std::env::var("PLEXUS_NODE_TIMINGS").is_ok_and(|v| v == "all");
     let mut baseline = None;
-    suite.case(&name("timings_with_the_overlay_alone_as_primary"), || {
-        baseline = Some(tier.timings("bare", None)?);
-        Ok(())
-    });
+    if timings {
+        suite.case(&name("timings_with_the_overlay_alone_as_primary"), || {
+            baseline = Some(tier.timings("bare", None)?);
+            Ok(())
+        });
+    }
     let installed = tier.install();
     let install_ok = installed.is_ok();
     if let Err(e) = &installed {
@@ -122,12 +127,14 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
         &name("cni_1_1_0_status_and_gc_reach_the_overlay_or_fail_clearly"),
         || tier.version_mixes(),
     );
-    suite.case(&name("timings_with_plexus"), || {
-        let none = tier.timings("plexus", None)?;
-        let one = tier.timings("plexus-1nad", Some(json!("br-a")))?;
-        print_timings(k, baseline.as_ref(), &none, &one);
-        Ok(())
-    });
+    if timings {
+        suite.case(&name("timings_with_plexus"), || {
+            let none = tier.timings("plexus", None)?;
+            let one = tier.timings("plexus-1nad", Some(json!("br-a")))?;
+            print_timings(k, baseline.as_ref(), &none, &one);
+            Ok(())
+        });
+    }
     if !full {
         suite.case(
             &name("plexus_at_cni_1_1_0_over_the_overlays_0_3_1_conflist"),

@@ -19,7 +19,7 @@ use super::{tail, ControlPlane, Proc};
 /// filter naming an overlay (`calico/…`, the first non-flag argument) leaves out the others, so
 /// their nodes are not started.
 pub fn selected_overlays(list: &[(Kind, u8, bool)]) -> Vec<(Kind, u8, bool)> {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let filter = super::suite::CliArgs::from_env().filter;
     list.iter()
         .copied()
         .filter(|(kind, _, _)| {

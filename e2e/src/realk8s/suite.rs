@@ -62,22 +62,74 @@ pub fn setup_or_report<T>(
     }
 }
 
+/// The libtest-style arguments of a `harness = false` target (`cargo test -- NAME --skip X`):
+/// the first positional argument filters case names by substring, each `--skip X` leaves out
+/// the names containing `X`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct CliArgs {
+    /// The name filter.
+    pub filter: Option<String>,
+    /// The `--skip` values.
+    pub skips: Vec<String>,
+}
+
+/// libtest options that take a value (their value is not a name filter).
+const VALUE_FLAGS: &[&str] = &[
+    "--skip",
+    "--test-threads",
+    "--logfile",
+    "--color",
+    "--format",
+    "--shuffle-seed",
+    "-Z",
+];
+
+impl CliArgs {
+    /// Parses the arguments after the program name.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> CliArgs {
+        let mut out = CliArgs::default();
+        let mut it = args.into_iter();
+        while let Some(a) = it.next() {
+            if a == "--skip" {
+                out.skips.extend(it.next());
+            } else if VALUE_FLAGS.contains(&a.as_str()) {
+                it.next();
+            } else if let Some(v) = a.strip_prefix("--skip=") {
+                out.skips.push(v.to_string());
+            } else if !a.starts_with('-') && out.filter.is_none() {
+                out.filter = Some(a);
+            }
+        }
+        out
+    }
+
+    /// This process' arguments.
+    pub fn from_env() -> CliArgs {
+        CliArgs::parse(std::env::args().skip(1))
+    }
+
+    /// Whether case `name` is selected.
+    pub fn selects(&self, name: &str) -> bool {
+        self.filter.as_deref().is_none_or(|f| name.contains(f))
+            && !self.skips.iter().any(|s| name.contains(s.as_str()))
+    }
+}
+
 /// Sequential cases with a summary.
 pub struct Suite {
     name: String,
-    filter: Option<String>,
+    args: CliArgs,
     passed: Vec<String>,
     failed: Vec<String>,
 }
 
 impl Suite {
-    /// A suite; the first non-flag command-line argument filters cases by substring (as
-    /// `cargo test --test X -- NAME` does for libtest targets).
+    /// A suite; the command line selects cases as [`CliArgs`] says (as `cargo test --test X --
+    /// NAME` does for libtest targets).
     pub fn new(name: &str) -> Suite {
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
         Suite {
             name: name.to_string(),
-            filter,
+            args: CliArgs::from_env(),
             passed: Vec::new(),
             failed: Vec::new(),
         }
@@ -85,7 +137,7 @@ impl Suite {
 
     /// Whether case `name` is selected by the filter.
     pub fn selected(&self, name: &str) -> bool {
-        self.filter.as_deref().is_none_or(|f| name.contains(f))
+        self.args.selects(name)
     }
 
     /// Run one case; an `Err` or a panic fails it.
@@ -134,5 +186,27 @@ impl Suite {
         } else {
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CliArgs;
+
+    fn parse(a: &[&str]) -> CliArgs {
+        CliArgs::parse(a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn skip_values_are_not_filters() {
+        let a = parse(&["--skip", "vm_sriov", "--test-threads", "2", "calico/burst"]);
+        assert_eq!(a.filter.as_deref(), Some("calico/burst"));
+        assert_eq!(a.skips, vec!["vm_sriov".to_string()]);
+        assert!(a.selects("calico/burst_of_20"));
+        assert!(!a.selects("flannel/burst_of_20"));
+        let a = parse(&["--skip=timings", "--nocapture"]);
+        assert_eq!(a.filter, None);
+        assert!(a.selects("flannel/burst_of_20"));
+        assert!(!a.selects("flannel/timings_with_plexus"));
     }
 }

@@ -26,6 +26,8 @@ pub const BIN_DIR: &str = "/tmp/node/cni/bin";
 pub const RESOURCE: &str = "intel.com/sriov_igb";
 /// The VF device-info files sriovdp writes.
 pub const DEVINFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
+/// The kubelet's pod-resources socket.
+pub const POD_RESOURCES_SOCK: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// A running node.
 pub struct Node {
@@ -360,12 +362,40 @@ impl Node {
             &[],
         )?;
         self.procs.push(("containerd".into(), c));
-        let sock = p("containerd/containerd.sock").display().to_string();
-        wait_for(Duration::from_secs(60), || {
-            sh(&["ctr", "--address", &sock, "version"]).is_ok()
+        // Its own API answers before the CRI plugin has recovered its state; the kubelet's
+        // start-up check ("validate CRI v1 runtime API") fails until the CRI answers too.
+        let sock = p("containerd/containerd.sock");
+        let cri = plexus_e2e::realk8s::cri::Cri::new(&sock);
+        wait_for(Duration::from_secs(60), || cri.sandboxes(None).is_ok())
+            .map(drop)
+            .ok_or("containerd's CRI did not answer in 60 s".into())
+    }
+
+    /// Restarts the kubelet and waits until it serves again: its pod-resources socket, removed
+    /// first, is created only after the kubelet validated the CRI runtime.
+    pub fn restart_kubelet(&mut self) -> Result<(), String> {
+        self.stop_proc("kubelet");
+        let sock = Path::new(POD_RESOURCES_SOCK);
+        let _ = std::fs::remove_file(sock);
+        self.start_kubelet()?;
+        wait_for(Duration::from_secs(120), || {
+            sock.exists() || !self.alive("kubelet")
         })
-        .map(drop)
-        .ok_or("containerd's socket did not answer in 60 s".into())
+        .ok_or("the restarted kubelet has no pod-resources socket after 120 s")?;
+        if !self.alive("kubelet") {
+            return Err(format!(
+                "the restarted kubelet exited:\n{}",
+                log_tail("kubelet", 5)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the named process still runs.
+    pub fn alive(&mut self, name: &str) -> bool {
+        self.procs
+            .iter_mut()
+            .any(|(n, c)| n == name && c.try_wait().ok().flatten().is_none())
     }
 
     /// Starts (or restarts) the kubelet.
