@@ -24,7 +24,7 @@ cargo test -p plexus-e2e --locked --test vm_sriov >"$vm_log" 2>&1 &
 vm_pid=$!
 trap 'kill "$vm_pid" 2>/dev/null || true' EXIT
 rc=0
-cargo test --workspace --locked -- --skip vm_sriov || rc=$?
+cargo test --workspace --locked --no-fail-fast -- --skip vm_sriov || rc=$?
 vm_rc=0
 wait "$vm_pid" || vm_rc=$?
 trap - EXIT
