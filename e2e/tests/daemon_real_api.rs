@@ -427,10 +427,28 @@ fn shown(c: &RequestCounts) -> String {
         .join(", ")
 }
 
+/// Wait (up to 5 s) until the running daemon's pod cache holds pod `name` just created: as many
+/// pods as the API has on the node (no case deletes one before this). No daemon running: its
+/// start lists the pod before it is ready.
 fn wait_cached(node: &Node<'_>, name: &str) {
-    // The watch delivers a new pod within milliseconds; give it a moment.
-    let _ = (node, name);
-    std::thread::sleep(Duration::from_millis(300));
+    if node.cached_pods().is_err() {
+        return;
+    }
+    let on_node = || -> Result<usize> {
+        let l = node.cp.get_json(&format!(
+            "/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"
+        ))?;
+        Ok(l["items"].as_array().map_or(0, Vec::len))
+    };
+    let Ok(want) = on_node() else {
+        return;
+    };
+    let cached = node.wait(&format!("{name} cached"), Duration::from_secs(5), || {
+        node.cached_pods().unwrap_or(0.0) >= want as f64
+    });
+    if let Err(e) = cached {
+        eprintln!("    {e:#} (the case's own checks tell what follows from it)");
+    }
 }
 
 fn one_request_per_pod(node: &Node<'_>) -> Result<()> {
