@@ -311,6 +311,16 @@ fn status_ips(node: &Node<'_>, name: &str, net: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// Whether container `cid`'s network-status write is still pending: the daemon's record of it
+/// (`<cniDir>/status-pending/<container>.json`) is removed once the write is over, written or
+/// dropped (docs/daemon.md).
+fn pending_status(node: &Node<'_>, cid: &str) -> bool {
+    node.path("state")
+        .join("status-pending")
+        .join(format!("{cid}.json"))
+        .exists()
+}
+
 /// The first address of an ADD's result (the default network's), without its prefix length.
 fn result_ip(r: &Run) -> String {
     r.ok()["ips"][0]["address"]
@@ -347,7 +357,11 @@ fn status_after_the_answer(node: &Node<'_>) -> Result<()> {
             Duration::from_secs(10),
             || status_ips(node, "d9", "cbr0").unwrap_or_default() == vec![ip2.clone()],
         )?;
-        std::thread::sleep(Duration::from_millis(500));
+        // Both writes over (each removes its record when written or dropped): nothing can
+        // land after this.
+        node.wait("both writes finished", Duration::from_secs(10), || {
+            !pending_status(node, "d9-a") && !pending_status(node, "d9-b")
+        })?;
         ensure!(
             status_ips(node, "d9", "cbr0")? == vec![ip2.clone()],
             "an older sandbox's status landed last"
@@ -361,17 +375,33 @@ fn status_after_the_answer(node: &Node<'_>) -> Result<()> {
         node.cp.start_apiserver()?;
         ensure!(r3.code == 0, "ADD with the API down: {}", r3.out);
         ensure!(del.code == 0, "DEL with the API down: {}", del.out);
-        // Long enough for the retries (0.5 s doubling) to have landed a write not dropped.
+        // Until the write is over (its record removed: dropped, or written if the DEL failed
+        // to drop it), the status never is the DELeted sandbox's; after, it is the second's.
         let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(12) {
+        loop {
             let now = status_ips(node, "d9", "cbr0").unwrap_or_default();
             ensure!(
                 now.is_empty() || now == vec![ip2.clone()],
                 "a DELeted sandbox's status was written: {now:?}"
             );
-            std::thread::sleep(Duration::from_millis(250));
+            if !pending_status(node, "d9-c") {
+                break;
+            }
+            ensure!(
+                t.elapsed() < Duration::from_secs(30),
+                "the DELeted sandbox's write still pending after 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
         }
-        ensure!(status_ips(node, "d9", "cbr0")? == vec![ip2.clone()]);
+        println!(
+            "    the DELeted sandbox's pending write over {:.1} s after the API came back",
+            t.elapsed().as_secs_f64()
+        );
+        ensure!(
+            status_ips(node, "d9", "cbr0")? == vec![ip2.clone()],
+            "a DELeted sandbox's status was written: {:?}",
+            status_ips(node, "d9", "cbr0")?
+        );
         for (cid, ns) in [("d9-a", &ns1), ("d9-b", &ns2)] {
             node.call_in("DEL", cid, "d9", &uid, &ns.path(), &none).ok();
         }
@@ -397,10 +427,28 @@ fn shown(c: &RequestCounts) -> String {
         .join(", ")
 }
 
+/// Wait (up to 5 s) until the running daemon's pod cache holds pod `name` just created: as many
+/// pods as the API has on the node (no case deletes one before this). No daemon running: its
+/// start lists the pod before it is ready.
 fn wait_cached(node: &Node<'_>, name: &str) {
-    // The watch delivers a new pod within milliseconds; give it a moment.
-    let _ = (node, name);
-    std::thread::sleep(Duration::from_millis(300));
+    if node.cached_pods().is_err() {
+        return;
+    }
+    let on_node = || -> Result<usize> {
+        let l = node.cp.get_json(&format!(
+            "/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"
+        ))?;
+        Ok(l["items"].as_array().map_or(0, Vec::len))
+    };
+    let Ok(want) = on_node() else {
+        return;
+    };
+    let cached = node.wait(&format!("{name} cached"), Duration::from_secs(5), || {
+        node.cached_pods().unwrap_or(0.0) >= want as f64
+    });
+    if let Err(e) = cached {
+        eprintln!("    {e:#} (the case's own checks tell what follows from it)");
+    }
 }
 
 fn one_request_per_pod(node: &Node<'_>) -> Result<()> {
@@ -646,9 +694,21 @@ fn initial_list(node: &Node<'_>) -> Result<()> {
 fn dropped_watch(node: &Node<'_>) -> Result<()> {
     let _d = node.start_daemon()?;
     let before = node.cached_pods()?;
+    let restarts0 = node.metric("plexus_watch_restarts_total", &["pods"])?;
     node.cp.stop_apiserver();
-    std::thread::sleep(Duration::from_secs(2));
+    // Down until the daemon has seen its pod watch fail (not a fixed time: the longer it is
+    // down, the longer the watch's backoff and the later the reconnection below).
+    let failed = node.wait(
+        "the pod watch failed with the apiserver down",
+        Duration::from_secs(15),
+        || {
+            node.metric("plexus_watch_restarts_total", &["pods"])
+                .unwrap_or(0.0)
+                > restarts0
+        },
+    );
     node.cp.start_apiserver()?;
+    failed?;
     // A pod created after the reconnection reaches the cache through the new watch.
     let back = Instant::now();
     let uid = node.pod("w2")?;
@@ -660,7 +720,7 @@ fn dropped_watch(node: &Node<'_>) -> Result<()> {
         "    a pod created after the apiserver came back was cached {:.1} s later",
         back.elapsed().as_secs_f64()
     );
-    let restarts = node.metric("plexus_watch_restarts_total", &["pods"])?;
+    let restarts = node.metric("plexus_watch_restarts_total", &["pods"])? - restarts0;
     ensure!(restarts >= 1.0, "watch restarts: {restarts}");
     let ns = Netns::new();
     let (r, add) = node.counted(|| node.call("ADD", "w2", &uid, &ns.path(), &json!({})))?;

@@ -880,9 +880,9 @@ impl<'a> Tier<'a> {
     }
 
     fn deleted_while_apiserver_down(&mut self) -> Result<()> {
-        /// Longer than stopping the apiserver takes (`stop_apiserver` waits up to 10 s for it to
-        /// drain before killing it), so the teardown surely comes after.
-        const GRACE: u64 = 14;
+        /// Longer than stopping the apiserver takes (`stop_apiserver` kills it 2 s after
+        /// SIGTERM), so the teardown surely comes after.
+        const GRACE: u64 = 6;
         // The container ignores SIGTERM (PID 1 without a handler): the kubelet's teardown (and
         // so the CNI DEL) comes after the grace period, when the apiserver is already stopped.
         let mut manifests = Vec::new();
@@ -897,6 +897,7 @@ impl<'a> Tier<'a> {
         }
         create_and_wait(&self.api, &manifests, Duration::from_secs(60))?;
         let mut netns = Vec::new();
+        let mut sandboxes = Vec::new();
         for (name, expected) in [
             ("down-1", &[(self.net, "eth0"), ("app/br-a", "net1")][..]),
             (
@@ -910,6 +911,7 @@ impl<'a> Tier<'a> {
             ),
         ] {
             let (sb, ns) = self.pod_netns(NS, name)?;
+            sandboxes.push(sb.clone());
             self.sandboxes.borrow_mut().push(sb);
             let pod = self.api.get_pod(NS, name)?.context("pod")?;
             check_pod_network(&network_status(&pod)?, &ns, expected)
@@ -935,6 +937,7 @@ impl<'a> Tier<'a> {
                 }))
             },
         )?;
+        let relists = kubelet_pod_relists(&kubelet_log);
         let t0 = Instant::now();
         self.cp.stop_apiserver();
         let stopped = Instant::now();
@@ -948,15 +951,27 @@ impl<'a> Tier<'a> {
         let del_needs_api = self.overlay.kind() == Kind::Calico;
         let res = (|| {
             if del_needs_api {
-                let gone = wait_for(
-                    "teardown with the apiserver stopped",
-                    Duration::from_secs(25),
-                    || Ok(netns.iter().all(|n| !Path::new(n).exists())),
-                );
+                // Down until the teardown of each pod was tried (its StopPodSandbox failed:
+                // calico's DEL needs the API) or done (its netns gone), not a fixed time.
+                wait_for(
+                    "a teardown of each pod with the apiserver stopped",
+                    Duration::from_secs(GRACE + 20),
+                    || {
+                        let log = std::fs::read_to_string(&kubelet_log)?;
+                        Ok(sandboxes.iter().zip(&netns).all(|(sb, ns)| {
+                            !Path::new(ns).exists()
+                                || log.lines().any(|l| {
+                                    l.contains("StopPodSandbox from runtime service failed")
+                                        && l.contains(sb.as_str())
+                                })
+                        }))
+                    },
+                )?;
+                let gone = netns.iter().all(|n| !Path::new(n).exists());
                 println!(
                     "    {:.1} s after the apiserver stopped: pods {}",
                     stopped.elapsed().as_secs_f64(),
-                    if gone.is_ok() {
+                    if gone {
                         "netns gone"
                     } else {
                         "netns still there (calico's DEL failing, retried)"
@@ -989,6 +1004,17 @@ impl<'a> Tier<'a> {
         })?;
         println!(
             "    pod objects gone {:.1} s after the apiserver was back",
+            restarted.elapsed().as_secs_f64()
+        );
+        // The kubelet sees new pods only once its pod watch is back (its reflector's backoff,
+        // seen up to 39 s): waited for here, not by the next case's first pod.
+        wait_for(
+            "the kubelet's pod watch back",
+            Duration::from_secs(90),
+            || Ok(kubelet_pod_relists(&kubelet_log) > relists),
+        )?;
+        println!(
+            "    the kubelet's pod watch back {:.1} s after the apiserver",
             restarted.elapsed().as_secs_f64()
         );
         self.wait_clean()
@@ -1323,6 +1349,18 @@ struct Timings {
     seq_sandbox: f64,
     /// containerd's StopPodSandbox until the network is torn down (CNI DEL inside).
     seq_teardown: f64,
+}
+
+/// How many times the kubelet logging to `log` has (re)listed the pods bound to its node.
+fn kubelet_pod_relists(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.contains("\"Caches populated\" type=\"*v1.Pod\"")
+                && l.contains("pkg/kubelet/config/apiserver.go")
+        })
+        .count()
 }
 
 fn print_timings(overlay: &str, bare: Option<&Timings>, none: &Timings, one: &Timings) {

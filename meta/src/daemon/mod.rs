@@ -168,7 +168,8 @@ struct Shared {
 struct DaemonPlugin<'a>(&'a Shared);
 
 impl DaemonPlugin<'_> {
-    fn ctx(&self, args: &CmdArgs) -> Result<(Ctx, CacheInputs), CniError> {
+    /// The call's context; `del`: the call is a DEL of `args`' container.
+    fn ctx(&self, args: &CmdArgs, del: bool) -> Result<(Ctx, CacheInputs), CniError> {
         let s = self.0;
         // The worker started this call's phases (server::worker).
         let phase = plexus_delegates::timing::phase("config");
@@ -178,6 +179,12 @@ impl DaemonPlugin<'_> {
             // Writes a killed daemon left unsent (the first call for this cniDir only).
             let dir = std::path::Path::new(&ctx.config.cni_dir);
             for (file, rec) in crate::report::journal::take_for_replay(dir, &ctx.store) {
+                if del && rec.container_id == args.container_id {
+                    // This very DEL drops it (as `status::cancel` would): a replay spawned
+                    // here could be sent before the cancel below runs.
+                    crate::report::journal::finished(&file);
+                    continue;
+                }
                 ctx.spawn_detached(status::replay(client, rec, file));
             }
         }
@@ -194,7 +201,7 @@ impl DaemonPlugin<'_> {
 impl Plugin for DaemonPlugin<'_> {
     fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
         let started = std::time::Instant::now();
-        let (mut ctx, mut inputs) = self.ctx(&args)?;
+        let (mut ctx, mut inputs) = self.ctx(&args, false)?;
         let out = status::for_container(&args.container_id, &args.ifname, || {
             add::add(&mut ctx, &mut inputs, &args)
         });
@@ -204,24 +211,24 @@ impl Plugin for DaemonPlugin<'_> {
     }
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
-        let (mut ctx, mut inputs) = self.ctx(&args)?;
+        let (mut ctx, mut inputs) = self.ctx(&args, true)?;
         // A status write of this container not sent yet never will be.
         status::cancel(&args.container_id);
         del::del(&mut ctx, &mut inputs, &args).map_err(CniError::from)
     }
 
     fn check(&self, args: CmdArgs) -> Result<(), CniError> {
-        let (mut ctx, _) = self.ctx(&args)?;
+        let (mut ctx, _) = self.ctx(&args, false)?;
         check::check(&mut ctx, &args).map_err(CniError::from)
     }
 
     fn status(&self, args: CmdArgs) -> Result<(), CniError> {
-        let (mut ctx, _) = self.ctx(&args)?;
+        let (mut ctx, _) = self.ctx(&args, false)?;
         check::status(&mut ctx).map_err(CniError::from)
     }
 
     fn gc(&self, args: CmdArgs) -> Result<(), CniError> {
-        let (mut ctx, _) = self.ctx(&args)?;
+        let (mut ctx, _) = self.ctx(&args, false)?;
         check::gc(&mut ctx, &args).map_err(CniError::from)
     }
 }
