@@ -20,7 +20,7 @@ cargo test --workspace --locked --no-run
 # on the host is its own, on free ports), and the host tiers mostly wait on kubelets, so the two
 # together take about as long as the longer one. Its output is printed after the others'.
 vm_log=target/vm-tier.log
-cargo test -p plexus-e2e --locked --test vm_sriov >"$vm_log" 2>&1 &
+cargo test --workspace --locked --test vm_sriov >"$vm_log" 2>&1 &
 vm_pid=$!
 trap 'kill "$vm_pid" 2>/dev/null || true' EXIT
 rc=0

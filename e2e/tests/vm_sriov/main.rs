@@ -15,7 +15,8 @@
 //! boot, after the delegate cases; `PLEXUS_K8S_REQUIRE=1` makes missing binaries a failure.
 //! `PLEXUS_VM_CASES=a,b`: run only the cases whose name contains `a` or `b`.
 //! `PLEXUS_VM_ACCEL` (default `tcg`): QEMU accelerator, e.g. `kvm` where KVM works.
-//! `PLEXUS_VM_BENCH=1`: also run the sriov vs sriov-cni benchmark (see `bench_host`).
+//! `PLEXUS_VM_BENCH=1`: also run the sriov vs sriov-cni benchmark (see `bench_host`), and with
+//! the node cases the bank pod's create→Running through each.
 //! `PLEXUS_VM_KEEP=1`: keep `target/vm/run-<pid>` (console log, results) after a passing run.
 
 #[path = "../common/mod.rs"]
