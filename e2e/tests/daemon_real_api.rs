@@ -53,6 +53,10 @@ fn main() -> ExitCode {
         "daemon_killed_before_the_status_patch_next_daemon_writes_it",
         || killed_before_the_status_patch(&node),
     );
+    suite.case(
+        "daemon_killed_before_the_status_patch_a_del_first_drops_it_unsent",
+        || killed_then_del_first(&node),
+    );
     suite.case("nad_changed_between_add_and_del_del_uses_the_plan", || {
         nad_changed(&node)
     });
@@ -628,6 +632,47 @@ fn killed_before_the_status_patch(node: &Node<'_>) -> Result<()> {
         !files_under(&node.path("state")).contains(&record)
     })?;
     node.call("DEL", "d10", &uid, &ns.path(), &json!({})).ok();
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
+}
+
+/// As above, but the next daemon's first call is the container's DEL: the pending write is
+/// dropped, never sent (a replay spawned by that first call must not race the DEL's cancel).
+fn killed_then_del_first(node: &Node<'_>) -> Result<()> {
+    let d = node.start_daemon()?;
+    let uid = node.pod("d11")?;
+    wait_cached(node, "d11");
+    let ns = Netns::new();
+    node.cp.stop_apiserver();
+    let r = node.call("ADD", "d11", &uid, &ns.path(), &json!({}));
+    drop(d);
+    node.cp.start_apiserver()?;
+    ensure!(r.code == 0, "ADD with the API down: {} {}", r.out, r.stderr);
+    let record = "status-pending/cid-d11.json".to_string();
+    ensure!(
+        files_under(&node.path("state")).contains(&record),
+        "no pending record: {:?}",
+        files_under(&node.path("state"))
+    );
+    let _d = node.start_daemon()?;
+    let (r, del) = node.counted(|| node.call("DEL", "d11", &uid, &ns.path(), &json!({})))?;
+    ensure!(
+        r.code == 0 && del.is_empty(),
+        "DEL as the first call: {} {}",
+        r.out,
+        shown(&del)
+    );
+    ensure!(
+        !files_under(&node.path("state")).contains(&record),
+        "pending record left after the DEL"
+    );
+    // A late replay would show as the annotation; 1 s is 3× the counted window.
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(
+        node.status("d11")?.is_empty(),
+        "network-status written for a deleted sandbox: {:?}",
+        node.status("d11")?
+    );
     ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
     Ok(())
 }
