@@ -562,6 +562,15 @@ fn devices(slices: &Value) -> Vec<Value> {
 /// they run, the kubelet restarted, sriovdp killed and containerd restarted; deleting them
 /// afterwards still gives every VF back exactly as it was.
 fn capacity_and_restarts(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
+    let r = capacity_and_restarts_inner(node, pf, record);
+    if r.is_err() && !node.alive("sriovdp") {
+        // The cases after this one need the device plugin back.
+        let _ = node.start_sriovdp();
+    }
+    r
+}
+
+fn capacity_and_restarts_inner(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<(), String> {
     let before: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
     let n = crate::guest::NUM_VFS as usize;
     let names: Vec<String> = (0..n).map(|i| format!("pg-cap-{i}")).collect();
@@ -635,7 +644,27 @@ fn capacity_and_restarts(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result
     node.kubectl(&["-n", NS, "delete", "pod", "pg-cap-extra", "--wait=false"])?;
 
     // Restarts while the pods run.
+    let mark = node.log_len("kubelet");
     node.restart_kubelet()?;
+    // sriovdp re-registers with the new kubelet (it watches for the kubelet's restart); until
+    // then the kubelet counts no healthy device of the resource, and a plugin killed in that
+    // window leaves running pods to a re-admission without devices. Kill it once registered.
+    // The device manager's lines (not the plugin watcher's about the socket: those come
+    // before the registration is over).
+    let registered = |l: &str| {
+        l.contains("sriov_igb")
+            && (l.contains("Got registration request from device plugin")
+                || l.contains("Device plugin connected"))
+    };
+    let Some(line) = node.wait_log("kubelet", mark, Duration::from_secs(120), registered) else {
+        return Err(format!(
+            "sriovdp did not re-register with the restarted kubelet in 120 s:\n{}\n--- kubelet on sriov_igb:\n{}",
+            crate::node::log_tail("sriovdp", 5),
+            crate::node::log_grep("kubelet", "sriov_igb", 15)
+        ));
+    };
+    record(json!({"note": format!("sriovdp re-registered with the restarted kubelet: {line}")}));
+    node.wait_allocatable(&n.to_string(), Duration::from_secs(60))?;
     node.stop_proc("sriovdp");
     node.stop_proc("containerd");
     node.start_containerd()?;
@@ -646,8 +675,15 @@ fn capacity_and_restarts(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result
         ));
     }
     for name in &names {
-        if node.get(&["-n", NS, "pod", name])?["status"]["phase"] != "Running" {
-            return Err(format!("{name} not Running after the restarts"));
+        let st = node.get(&["-n", NS, "pod", name])?["status"].clone();
+        if st["phase"] != "Running" {
+            return Err(format!(
+                "{name} not Running after the restarts: {} {} {}\n--- kubelet on it:\n{}",
+                st["phase"],
+                st["reason"],
+                st["message"],
+                crate::node::log_grep("kubelet", name, 12)
+            ));
         }
     }
     let t = Instant::now();

@@ -65,6 +65,13 @@ pub fn log_tail(name: &str, n: usize) -> String {
     l[l.len().saturating_sub(n)..].join("\n")
 }
 
+/// The last `n` lines of a node log that contain `needle`.
+pub fn log_grep(name: &str, needle: &str, n: usize) -> String {
+    let s = std::fs::read_to_string(p(&format!("{name}.log"))).unwrap_or_default();
+    let l: Vec<&str> = s.lines().filter(|l| l.contains(needle)).collect();
+    l[l.len().saturating_sub(n)..].join("\n")
+}
+
 /// Relays 127.0.0.1:`port` to the host's apiserver (QEMU's guestfwd at 10.0.2.100:`port`), so
 /// the serving certificate (127.0.0.1) and every kubeconfig hold unchanged in the VM.
 fn relay(port: u16) -> Result<(), String> {
@@ -389,6 +396,32 @@ impl Node {
             ));
         }
         Ok(())
+    }
+
+    /// The length of a node log now (a mark for [`Node::wait_log`]).
+    pub fn log_len(&self, name: &str) -> usize {
+        std::fs::metadata(p(&format!("{name}.log"))).map_or(0, |m| m.len() as usize)
+    }
+
+    /// Waits until a line written to log `name` after byte `from` satisfies `pred`; that line.
+    pub fn wait_log(
+        &self,
+        name: &str,
+        from: usize,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        let file = p(&format!("{name}.log"));
+        let mut found = None;
+        wait_for(limit, || {
+            let s = std::fs::read(&file).unwrap_or_default();
+            found = String::from_utf8_lossy(s.get(from..).unwrap_or_default())
+                .lines()
+                .find(|l| pred(l))
+                .map(str::to_string);
+            found.is_some()
+        });
+        found
     }
 
     /// Whether the named process still runs.
