@@ -596,29 +596,37 @@ fn restarted(node: &Node<'_>) -> Result<()> {
     Ok(())
 }
 
-/// A daemon SIGKILLed between an ADD's answer and its network-status PATCH (held back here by
-/// the API being down): the pending write it recorded is replayed by the next daemon's first
-/// call, and the record is gone once written.
-fn killed_before_the_status_patch(node: &Node<'_>) -> Result<()> {
+/// Pod `name` ADDed through a daemon with the API down, the daemon SIGKILLed before its
+/// network-status PATCH, the API back: the pending record it left (checked there, no status
+/// written yet). Returns the pod's UID, its netns and the record's path under `state/`.
+fn leave_pending_record(node: &Node<'_>, name: &str) -> Result<(String, Netns, String)> {
     let d = node.start_daemon()?;
-    let uid = node.pod("d10")?;
-    wait_cached(node, "d10");
+    let uid = node.pod(name)?;
+    wait_cached(node, name);
     let ns = Netns::new();
     node.cp.stop_apiserver();
-    let r = node.call("ADD", "d10", &uid, &ns.path(), &json!({}));
+    let r = node.call("ADD", name, &uid, &ns.path(), &json!({}));
     drop(d);
     node.cp.start_apiserver()?;
     ensure!(r.code == 0, "ADD with the API down: {} {}", r.out, r.stderr);
-    let record = "status-pending/cid-d10.json".to_string();
+    let record = format!("status-pending/cid-{name}.json");
     ensure!(
         files_under(&node.path("state")).contains(&record),
         "no pending record: {:?}",
         files_under(&node.path("state"))
     );
     ensure!(
-        node.status("d10")?.is_empty(),
+        node.status(name)?.is_empty(),
         "status written by a killed daemon"
     );
+    Ok((uid, ns, record))
+}
+
+/// A daemon SIGKILLed between an ADD's answer and its network-status PATCH (held back here by
+/// the API being down): the pending write it recorded is replayed by the next daemon's first
+/// call, and the record is gone once written.
+fn killed_before_the_status_patch(node: &Node<'_>) -> Result<()> {
+    let (uid, ns, record) = leave_pending_record(node, "d10")?;
     let _d = node.start_daemon()?;
     let check = node.call("CHECK", "d10", &uid, &ns.path(), &json!({}));
     ensure!(check.code == 0, "CHECK: {} {}", check.out, check.stderr);
@@ -639,21 +647,7 @@ fn killed_before_the_status_patch(node: &Node<'_>) -> Result<()> {
 /// As above, but the next daemon's first call is the container's DEL: the pending write is
 /// dropped, never sent (a replay spawned by that first call must not race the DEL's cancel).
 fn killed_then_del_first(node: &Node<'_>) -> Result<()> {
-    let d = node.start_daemon()?;
-    let uid = node.pod("d11")?;
-    wait_cached(node, "d11");
-    let ns = Netns::new();
-    node.cp.stop_apiserver();
-    let r = node.call("ADD", "d11", &uid, &ns.path(), &json!({}));
-    drop(d);
-    node.cp.start_apiserver()?;
-    ensure!(r.code == 0, "ADD with the API down: {} {}", r.out, r.stderr);
-    let record = "status-pending/cid-d11.json".to_string();
-    ensure!(
-        files_under(&node.path("state")).contains(&record),
-        "no pending record: {:?}",
-        files_under(&node.path("state"))
-    );
+    let (uid, ns, record) = leave_pending_record(node, "d11")?;
     let _d = node.start_daemon()?;
     let (r, del) = node.counted(|| node.call("DEL", "d11", &uid, &ns.path(), &json!({})))?;
     ensure!(
