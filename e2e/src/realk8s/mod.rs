@@ -68,7 +68,7 @@ pub use bins::K8sBins;
 pub use metrics::{RequestCounts, RequestKey};
 pub use pki::CertPair;
 pub use proc::Proc;
-pub use suite::{bins_or_skip, control_plane_or_skip, setup_or_report, Suite};
+pub use suite::{bins_or_skip, control_plane_or_skip, setup_or_report, CliArgs, Suite};
 
 use https::HttpsGet;
 use pki::Ca;

@@ -46,17 +46,8 @@ fn main() {
         println!("vm_sriov: test");
         return;
     }
-    let (mut filters, mut skips) = (Vec::new(), Vec::new());
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--skip" => skips.extend(it.next()),
-            _ if a.starts_with('-') => {}
-            _ => filters.push(a),
-        }
-    }
-    let selected = filters.is_empty() || filters.iter().any(|f| "vm_sriov".contains(f.as_str()));
-    if !selected || skips.iter().any(|s| "vm_sriov".contains(s.as_str())) {
+    // libtest's NAME filter and --skip, as the other harness-less tiers read them.
+    if !plexus_e2e::realk8s::CliArgs::parse(args).selects("vm_sriov") {
         println!("vm_sriov: filtered out");
         return;
     }
