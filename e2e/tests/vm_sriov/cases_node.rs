@@ -741,7 +741,7 @@ fn sriov_vs_sriov_cni(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<()
         nad["spec"]["config"] = json!(cfg.to_string());
         node.apply(&nad)?;
         let name = format!("pg-cmp-{i}");
-        let log_from = plexus_log_len();
+        let log_from = node.log_len("plexus");
         let (pod, took) = create_running(node, &bank_pod(&name))?;
         let adds = delegate_add_ms(log_from, ty);
         let failed = sandbox_failures(node, &name);
@@ -785,10 +785,6 @@ fn sriov_vs_sriov_cni(node: &mut Node, pf: &Pf, record: Record<'_>) -> Result<()
         json!({"note": format!("bank pod side by side (TCG VM, order A B B A): {}", figures.join("; "))}),
     );
     Ok(())
-}
-
-fn plexus_log_len() -> usize {
-    std::fs::read_to_string("/tmp/node/plexus.log").map_or(0, |l| l.len())
 }
 
 /// The `elapsed_ms` of every ADD of delegate `ty` plexus logged after byte `from` of its log.
