@@ -62,6 +62,21 @@ impl KubeClient {
         uid: &str,
         status_json: &str,
     ) -> Result<(), K8sError> {
+        self.set_network_status_with(ns, name, uid, status_json, self.opts.retry)
+            .await
+    }
+
+    /// [`Self::set_network_status`] with transient errors retried within `retry` instead of
+    /// the client's policy: a caller that must be able to drop the write between two attempts
+    /// (daemon mode's background writer) passes [`retry::RetryPolicy::none`] and retries itself.
+    pub async fn set_network_status_with(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        status_json: &str,
+        retry: retry::RetryPolicy,
+    ) -> Result<(), K8sError> {
         let _phase = plexus_delegates::timing::phase("status_patch");
         let patch = network_status_patch(uid, status_json);
         let ctx = Ctx {
@@ -74,7 +89,7 @@ impl KubeClient {
         let segment_name = segment(name);
         let mut attempt = 1;
         loop {
-            let res = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+            let res = retry::run(retry, self.opts.request_timeout, ctx, || async {
                 let req = kube::core::Request::new(&url).patch_subresource(
                     "status",
                     &segment_name,

@@ -8,7 +8,8 @@
 //! - writes for one pod (`namespace/name`) are sent one at a time in ADD order, and a write
 //!   superseded by a later ADD of the same pod, or whose container was DELeted, is dropped: an
 //!   older sandbox's status never lands after a newer one's (a PATCH already on the wire
-//!   finishes before the next one starts);
+//!   finishes before the next one starts); each attempt is one request, checked first, so
+//!   a DEL while the API server is down stops the retries;
 //! - failures are retried (0.5 s doubling to 30 s, for [`STATUS_RETRY_FOR`]; a restarting
 //!   apiserver answers 403 until its RBAC cache is loaded); a refusal (403, 422, …) cannot
 //!   undo the attachments any more: the first one is logged and posted as a Warning event
@@ -21,7 +22,7 @@
 
 use super::journal::{self, PendingStatus};
 use super::STATUS_RETRY_FOR;
-use crate::k8s::{EventType, K8sError, KubeClient, PodRef};
+use crate::k8s::{EventType, K8sError, KubeClient, PodRef, RetryPolicy};
 use crate::pod::PodIdentity;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -174,8 +175,17 @@ async fn write(
                 tracing::debug!(pod = %key, "network-status write superseded or its container deleted");
                 return;
             }
+            // One request per attempt: the retries are this loop's, each after the check
+            // above, so a DEL between two attempts stops them (the client's own retry would
+            // send the PATCH of a DELeted container once the API server is back).
             client
-                .set_network_status(&pod.namespace, &pod.name, &pod.uid, status)
+                .set_network_status_with(
+                    &pod.namespace,
+                    &pod.name,
+                    &pod.uid,
+                    status,
+                    RetryPolicy::none(),
+                )
                 .await
         };
         match res {
@@ -271,5 +281,51 @@ mod tests {
             ("c3".to_string(), "eth0".to_string())
         );
         assert!(CONTAINER.with(|c| c.borrow().0.is_empty()));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_del_while_the_api_fails_stops_the_retries() {
+        use crate::k8s::testutil::{json_response, MockApi};
+        // The API server answers 503 (down behind a proxy, restarting): transient.
+        let mock = MockApi::repeating(json_response(
+            503,
+            r#"{"kind":"Status","code":503,"message":"unavailable"}"#,
+        ));
+        let client = mock.client();
+        let dir = tempfile::tempdir().unwrap();
+        let pod = PodIdentity {
+            namespace: "h-bg-del".into(),
+            name: "p".into(),
+            uid: "u1".into(),
+            ..Default::default()
+        };
+        let write = for_container("c-del-retry", "eth0", || {
+            write_later(&client, &pod, "[]".into(), dir.path())
+        });
+        let task = tokio::spawn(write);
+        let first = Instant::now();
+        while mock.requests().is_empty() {
+            assert!(first.elapsed() < Duration::from_secs(5), "no PATCH sent");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cancel("c-del-retry");
+        let at_cancel = mock.requests().len();
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .expect("the write stops once its container is DELeted")
+            .unwrap();
+        // At most the attempt already under way when the DEL came.
+        assert!(
+            mock.requests().len() <= at_cancel + 1,
+            "PATCHes after the DEL: {} then {}",
+            at_cancel,
+            mock.requests().len()
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("status-pending"))
+                .unwrap()
+                .count(),
+            0
+        );
     }
 }
