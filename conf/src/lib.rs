@@ -14,4 +14,5 @@ pub mod version;
 pub use error::CniError;
 pub use result::CniResult;
 pub mod k8s;
+pub mod nad_policy;
 pub mod plexus_config;

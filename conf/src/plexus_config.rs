@@ -122,6 +122,10 @@ pub struct PlexusConfig {
     /// forbids it).
     #[serde(default = "default_true")]
     pub dra_network_data: bool,
+    /// Plexus: what a NAD's config may name on the host (directories, interfaces, VLANs,
+    /// devices): docs/security.md.
+    #[serde(default)]
+    pub nad_policy: crate::nad_policy::NadPolicy,
     /// Runtime-provided previous result (plexus as a chained plugin; unused).
     #[serde(default)]
     pub prev_result: Option<Value>,
@@ -222,6 +226,7 @@ impl PlexusConfig {
             ));
         }
         crate::bounds::check_config(&c)?;
+        c.nad_policy.validate()?;
         Ok(c)
     }
 

@@ -204,6 +204,7 @@ mod tests {
             filter_v6: false,
             resource_name: None,
             dra: None,
+            nad: None,
         }
     }
 

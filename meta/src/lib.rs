@@ -17,6 +17,7 @@ pub mod devices;
 pub mod error;
 pub mod inputs;
 pub mod k8s;
+pub mod nad_guard;
 pub mod plan;
 pub mod plugin;
 pub mod pod;

@@ -22,6 +22,8 @@ const ORDER: &[&str] = &[
     // the planner: plan types (attachments, device map, NAD data, DRA devices) and the pure
     // steps from what the inputs read to the attachments (no API calls)
     "plan",
+    // the node's NAD policy applied to a plan (host paths and resources; no API calls)
+    "nad_guard",
     // saved plans, the per-call context
     "state",
     "context",

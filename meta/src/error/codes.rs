@@ -53,6 +53,7 @@ impl MetaError {
             | CapabilityNotHonoured { .. }
             | DuplicateInterface { .. }
             | MetaPluginDelegate { .. }
+            | NadPolicy { .. }
             | MultipleDefaultRoutes { .. }
             | DraDeviceUnpublished { .. }
             | DraResourceMismatch { .. }

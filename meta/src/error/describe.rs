@@ -155,6 +155,17 @@ impl MetaError {
                 format!("{pod}, network {network}: a meta-plugin cannot be a delegate"),
                 format!("plugin type {plugin_type:?} would run plexus (or Multus) again with a config the network's author chose"),
             ),
+            NadPolicy {
+                pod,
+                network,
+                location,
+                value,
+                why,
+                allowed,
+            } => (
+                format!("{pod}, network {network}: {location} {value:?} is not allowed by the node's NAD policy"),
+                format!("{why}; allowed: {allowed}"),
+            ),
             MultipleDefaultRoutes { pod } => (
                 format!("{pod}: more than one default-route gateway per IP family"),
                 "ECMP default routes are not supported: request one IPv4 and one IPv6 gateway at most".into(),

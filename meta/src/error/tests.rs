@@ -64,6 +64,7 @@ fn name(e: &MetaError) -> &'static str {
         CapabilityNotHonoured { .. } => "CapabilityNotHonoured",
         DuplicateInterface { .. } => "DuplicateInterface",
         MetaPluginDelegate { .. } => "MetaPluginDelegate",
+        NadPolicy { .. } => "NadPolicy",
         MultipleDefaultRoutes { .. } => "MultipleDefaultRoutes",
         PluginMissing { .. } => "PluginMissing",
         FixedIps { .. } => "FixedIps",
@@ -108,7 +109,7 @@ fn name(e: &MetaError) -> &'static str {
     }
 }
 
-const ALL: usize = 67;
+const ALL: usize = 68;
 
 /// One example per variant (several where the code depends on the cause) and the code
 /// docs/design.md's "Error codes" table gives it. One row per line: a table.
@@ -154,6 +155,7 @@ fn table() -> Vec<(MetaError, u32)> {
         (CapabilityNotHonoured { pod: pod(), network: s("db/mv"), capability: s("mac"), config_name: s("mv") }, 7),
         (DuplicateInterface { pod: pod(), ifname: s("eth0"), first: s("a"), second: s("b") }, 7),
         (MetaPluginDelegate { pod: pod(), network: s("db/l"), plugin_type: s("multus") }, 7),
+        (NadPolicy { pod: pod(), network: s("db/mv"), location: s("ipam.dataDir"), value: s("/etc/x"), why: s("outside"), allowed: s("[]") }, 7),
         (MultipleDefaultRoutes { pod: pod() }, 7),
         (PluginMissing { pod: pod(), network: s("db/mv"), source: cni(7) }, 7),
         (FixedIps { pod: pod(), source: cni(7) }, 7),

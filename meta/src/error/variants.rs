@@ -234,6 +234,22 @@ pub enum MetaError {
         /// The plugin type.
         plugin_type: String,
     },
+    /// A NAD's config names a host path or host resource the node's NAD policy does not give
+    /// (7): refused before any delegate runs.
+    NadPolicy {
+        /// Pod label.
+        pod: String,
+        /// The network.
+        network: String,
+        /// Where in the config: `plugins[0].ipam.dataDir`, or `resourceName`.
+        location: String,
+        /// The value named there.
+        value: String,
+        /// Why it is refused.
+        why: String,
+        /// What the policy allows instead, with the config field that says so.
+        allowed: String,
+    },
     /// More than one default-route gateway per IP family (7).
     MultipleDefaultRoutes {
         /// Pod label.

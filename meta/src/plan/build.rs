@@ -161,6 +161,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
         filter_v6: false,
         resource_name: None,
         dra: None,
+        nad: default_net.nad.clone(),
     });
     let mut allocator = DeviceAllocator {
         devices: input.devices,
@@ -187,6 +188,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
             filter_v6: false,
             resource_name: allocated.and(net.resource_name.clone()),
             dra: None,
+            nad: net.nad.clone(),
         });
     }
     for (sel, net) in &input.selected {
@@ -232,6 +234,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
             filter_v6: false,
             resource_name,
             dra: None,
+            nad: net.nad.clone(),
         });
     }
     // Interface names: valid and unique.

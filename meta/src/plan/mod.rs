@@ -37,6 +37,23 @@ pub struct ResolvedNetwork {
     /// Device-plugin resource whose allocated device the network uses (NAD annotation
     /// `k8s.v1.cni.cncf.io/resourceName`).
     pub resource_name: Option<String>,
+    /// The NAD the pod selected this network by; `None` for the operator's networks
+    /// (`clusterNetwork`, `defaultNetworks`, inline delegates, config files).
+    pub nad: Option<SelectedNad>,
+}
+
+/// A network a pod selected by NAD: what the node's NAD policy (`nad_guard`) checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectedNad {
+    /// The NAD's namespace.
+    pub namespace: String,
+    /// The config is the NAD's own `spec.config` (written in that namespace), not a file of
+    /// the operator's `confDir`.
+    pub inline_config: bool,
+    /// The NAD's `k8s.v1.cni.cncf.io/resourceName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_name: Option<String>,
 }
 
 /// One attachment to run.
@@ -70,6 +87,9 @@ pub struct PlannedAttachment {
     /// The DRA device behind that device ID, when it came from a ResourceClaim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dra: Option<DraDevice>,
+    /// The NAD the pod selected this network by (`None`: the operator's network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nad: Option<SelectedNad>,
 }
 
 impl PlannedAttachment {
@@ -241,6 +261,7 @@ mod tests {
             name: name.into(),
             list: NetConfList::from_value(v).unwrap(),
             resource_name: None,
+            nad: None,
         }
     }
 

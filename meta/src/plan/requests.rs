@@ -135,6 +135,7 @@ fn resolve_ref(
             name: list.name.clone(),
             list,
             resource_name: None,
+            nad: None,
         }),
         NetRef::Nad {
             ns,
@@ -147,6 +148,7 @@ fn resolve_ref(
                     name: list.name.clone(),
                     list,
                     resource_name: None,
+                    nad: None,
                 })
                 .ok_or_else(|| MetaError::NetworkNotFound {
                     pod: pod.to_string(),
@@ -157,6 +159,13 @@ fn resolve_ref(
             _ => Err(resolve::not_found(ns, name, pod)),
         },
     }
+}
+
+/// A network the operator chose (`clusterNetwork`, `defaultNetworks`), even when it is a NAD:
+/// not subject to the NAD policy.
+fn operator_network(mut net: ResolvedNetwork) -> ResolvedNetwork {
+    net.nad = None;
+    net
 }
 
 /// Build the plan from requests and fetched NADs.
@@ -190,7 +199,10 @@ pub fn make_plan(
             s.requested_interface().map(str::to_string),
         )
     } else if let Some(rf) = &r.cluster {
-        (resolve_ref(rf, nads, conf_dir, &label)?, None)
+        (
+            operator_network(resolve_ref(rf, nads, conf_dir, &label)?),
+            None,
+        )
     } else {
         let mut it = statics.into_iter();
         let first = it.next().ok_or(MetaError::NoDefaultNetwork)?;
@@ -199,18 +211,20 @@ pub fn make_plan(
             name: list.name.clone(),
             list,
             resource_name: None,
+            nad: None,
         }));
         (
             ResolvedNetwork {
                 name: first.name.clone(),
                 list: first,
                 resource_name: None,
+                nad: None,
             },
             None,
         )
     };
     for rf in &r.always {
-        always.push(resolve_ref(rf, nads, conf_dir, &label)?);
+        always.push(operator_network(resolve_ref(rf, nads, conf_dir, &label)?));
     }
     let mut selected = Vec::new();
     for s in &r.selected {

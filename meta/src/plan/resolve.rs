@@ -156,6 +156,7 @@ pub fn from_nad(
             name: name.to_string(),
             source: source.into(),
         })?;
+    let inline_config = spec.is_some();
     let list = match spec {
         Some(l) => l,
         None => nad::find_by_name(name, &read_conf_dir(conf_dir)).ok_or_else(|| {
@@ -170,6 +171,11 @@ pub fn from_nad(
         name: format!("{ns}/{name}"),
         list,
         resource_name: data.resource_name.clone(),
+        nad: Some(crate::plan::SelectedNad {
+            namespace: ns.to_string(),
+            inline_config,
+            resource_name: data.resource_name.clone(),
+        }),
     })
 }
 

@@ -102,6 +102,17 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
             )
         })
         .and_then(|plan| {
+            timed("nad_policy", || {
+                crate::nad_guard::check(
+                    &ctx.config.nad_policy,
+                    pod.as_ref().map(|p| p.id.namespace.as_str()),
+                    &label,
+                    &plan,
+                )
+            })
+            .map(|()| plan)
+        })
+        .and_then(|plan| {
             timed("plugin_check", || {
                 attach::validate_plugins(&ctx.runtime, &plan, &label)
             })

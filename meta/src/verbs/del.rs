@@ -344,6 +344,7 @@ fn from_cache(c: &CachedAttachment) -> Option<PlannedAttachment> {
         filter_v6: false,
         resource_name: None,
         dra: None,
+        nad: None,
     })
 }
 
@@ -409,8 +410,19 @@ fn rebuild(
             )?
         }
     };
+    let pod_ns = pod.as_ref().map(|p| p.id.namespace.as_str());
     Ok(plan
         .into_iter()
+        .filter(|a| {
+            // A network ADD would have refused was never run: running its DEL would let the
+            // NAD steer a root plugin now (host-local creates its dataDir even on DEL).
+            let refused = crate::nad_guard::enforced(&ctx.config.nad_policy, pod_ns, a);
+            if let Some(r) = refused.first() {
+                tracing::warn!(network = %a.network, location = %r.location, value = %r.value,
+                    why = %r.why, "not deleting a network the NAD policy refuses");
+            }
+            refused.is_empty()
+        })
         .filter(|a| match attach::validate_plugins(&ctx.runtime, std::slice::from_ref(a), label) {
             Ok(()) => true,
             Err(e) => {
@@ -459,6 +471,7 @@ mod tests {
                 filter_v6: false,
                 resource_name: None,
                 dra: None,
+                nad: None,
             },
             PlannedAttachment {
                 network: "ns/extra".into(),
@@ -472,6 +485,7 @@ mod tests {
                 filter_v6: false,
                 resource_name: None,
                 dra: None,
+                nad: None,
             },
         ];
         let plan = merge(

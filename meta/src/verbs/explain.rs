@@ -182,6 +182,8 @@ pub fn explain(
     let pod = files.pod(&mut ctx, &id)?;
     let read = inputs::read(&mut ctx, &mut files, pod, &label)?;
     let plan = crate::plan::for_pod(&ctx.config, ifname, &args, "<containerID>", &read)?;
+    // What ADD would refuse on this node, refused here too.
+    crate::nad_guard::check(&ctx.config.nad_policy, Some(&id.namespace), &label, &plan)?;
     let cfg = &ctx.config;
     let rt_path: Vec<String> = vec![cfg.bin_dir.clone()];
     Ok(json!({

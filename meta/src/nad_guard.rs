@@ -1,0 +1,437 @@
+//! The node's NAD policy applied to a plan (`nadPolicy`, docs/security.md): before any
+//! delegate runs, every network a pod selected by NAD is checked — the host paths its config
+//! names must resolve (symlinks followed, as the plugin would) under the operator's directories,
+//! and the host interfaces, VLANs, resources and devices it names must be given to the pod's
+//! namespace and to the NAD's. What a config names is `plexus_conf::nad_policy`'s business; this
+//! module adds the filesystem and the modes.
+
+use crate::error::MetaError;
+use crate::plan::PlannedAttachment;
+use plexus_conf::nad_policy::{
+    host, paths, Allowances, HostKind, Mode, NadPolicy, PathClass, PathPolicy,
+};
+use std::io::ErrorKind;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// One thing a NAD names that the policy does not allow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Which part of the policy: paths or host resources.
+    pub mode: Mode,
+    /// Where in the config.
+    pub location: String,
+    /// The value.
+    pub value: String,
+    /// Why.
+    pub why: String,
+    /// What is allowed instead.
+    pub allowed: String,
+}
+
+/// Check `plan` for the pod in `pod_ns` (`None`: no pod, static delegates: nothing to check).
+/// Audit-mode findings are logged; the first enforce-mode one is the error.
+pub fn check(
+    policy: &NadPolicy,
+    pod_ns: Option<&str>,
+    label: &str,
+    plan: &[PlannedAttachment],
+) -> Result<(), MetaError> {
+    for a in plan {
+        if let Some(r) = enforced(policy, pod_ns, a).into_iter().next() {
+            return Err(MetaError::NadPolicy {
+                pod: label.to_string(),
+                network: a.network.clone(),
+                location: r.location,
+                value: r.value,
+                why: r.why,
+                allowed: r.allowed,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The refusals of `a` that the policy enforces; audit-mode ones are logged here.
+pub fn enforced(policy: &NadPolicy, pod_ns: Option<&str>, a: &PlannedAttachment) -> Vec<Refusal> {
+    let (enforce, audit): (Vec<Refusal>, Vec<Refusal>) = refusals(policy, pod_ns, a)
+        .into_iter()
+        .filter(|r| r.mode != Mode::Off)
+        .partition(|r| r.mode == Mode::Enforce);
+    for r in audit {
+        tracing::warn!(network = %a.network, location = %r.location, value = %r.value,
+            why = %r.why, allowed = %r.allowed,
+            "NAD policy (audit mode): this NAD would be refused in enforce mode");
+    }
+    enforce
+}
+
+/// Everything `a` names that the policy does not allow, each with its part's mode.
+pub fn refusals(policy: &NadPolicy, pod_ns: Option<&str>, a: &PlannedAttachment) -> Vec<Refusal> {
+    let (Some(nad), Some(pod_ns)) = (&a.nad, pod_ns) else {
+        return Vec::new();
+    };
+    let trusted = policy.trusted_namespaces.contains(&nad.namespace);
+    let mut out = Vec::new();
+    if nad.inline_config && !trusted && policy.paths.mode != Mode::Off {
+        out.extend(path_refusals(&policy.paths, &a.config));
+    }
+    if policy.host_resources.mode != Mode::Off {
+        // Validated at config parse; a failure here means nothing is allowed.
+        let allow = Allowances::parse(&policy.host_resources.allow).unwrap_or_default();
+        let mut namespaces = vec![pod_ns];
+        if nad.inline_config && !trusted && nad.namespace != pod_ns {
+            namespaces.push(nad.namespace.as_str());
+        }
+        out.extend(
+            host_refusals(&allow, &namespaces, a)
+                .into_iter()
+                .map(|mut r| {
+                    r.mode = policy.host_resources.mode;
+                    r
+                }),
+        );
+    }
+    out
+}
+
+/// The path-valued keys of `config` that do not resolve under their class's directories.
+fn path_refusals(policy: &PathPolicy, config: &serde_json::Value) -> Vec<Refusal> {
+    paths::find(config, &policy.keys)
+        .into_iter()
+        .filter_map(|pv| {
+            let dirs = policy.dirs(pv.class);
+            let allowed = format!("{dirs:?} ({})", PathPolicy::field(pv.class));
+            let why = path_problem(&pv.value, pv.class, &dirs)?;
+            Some(Refusal {
+                mode: policy.mode,
+                location: pv.location,
+                value: pv.value,
+                why,
+                allowed,
+            })
+        })
+        .collect()
+}
+
+/// Why `value` (a path of `class`) is refused, or `None` when it resolves under one of `dirs`.
+fn path_problem(value: &str, class: PathClass, dirs: &[&str]) -> Option<String> {
+    if let Some(why) = paths::lexical_problem(value) {
+        return Some(why.to_string());
+    }
+    let resolved = match resolve(Path::new(value)) {
+        Ok(p) => p,
+        Err(why) => return Some(why),
+    };
+    let usable: Vec<PathBuf> = dirs.iter().filter_map(|d| usable_dir(d)).collect();
+    if usable.iter().any(|d| paths::is_under(&resolved, d)) {
+        return None;
+    }
+    let shown = if resolved == Path::new(value) {
+        String::new()
+    } else {
+        format!(" (it resolves to {})", resolved.display())
+    };
+    Some(format!(
+        "a {} path must be under a directory the node operator allows{shown}",
+        class.name()
+    ))
+}
+
+/// An allowed directory as the kernel resolves it; `None` (skipped, with a warning) when it is
+/// writable by every user, where anyone could plant a symlink.
+fn usable_dir(d: &str) -> Option<PathBuf> {
+    let resolved = resolve(Path::new(d)).ok()?;
+    match std::fs::metadata(&resolved) {
+        Ok(m) if m.permissions().mode() & 0o002 != 0 => {
+            tracing::warn!(dir = %d, "nadPolicy.paths directory is writable by every user: not used");
+            None
+        }
+        _ => Some(resolved),
+    }
+}
+
+/// `path` with every symlink of its existing part resolved and its missing part appended; an
+/// error when a component is a dangling symlink (the plugin would create its target wherever
+/// it points) or cannot be looked at.
+fn resolve(path: &Path) -> Result<PathBuf, String> {
+    let mut existing = path.to_path_buf();
+    let mut missing: Vec<std::ffi::OsString> = Vec::new();
+    loop {
+        match std::fs::canonicalize(&existing) {
+            Ok(mut real) => {
+                real.extend(missing.iter().rev());
+                return Ok(real);
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if std::fs::symlink_metadata(&existing).is_ok() {
+                    return Err(format!(
+                        "{} is a symlink whose target does not exist",
+                        existing.display()
+                    ));
+                }
+                let Some(name) = existing.file_name().map(ToOwned::to_owned) else {
+                    return Err(format!("{} cannot be resolved", path.display()));
+                };
+                missing.push(name);
+                existing.pop();
+            }
+            Err(e) => return Err(format!("{} cannot be looked at: {e}", existing.display())),
+        }
+    }
+}
+
+/// What `a` names on the host that one of `namespaces` is not given.
+fn host_refusals(allow: &Allowances, namespaces: &[&str], a: &PlannedAttachment) -> Vec<Refusal> {
+    let nad = a.nad.as_ref();
+    // Devices the kubelet allocated for the NAD's resource went into the config: the resource
+    // name is what the NAD chose.
+    let allocated = a.resource_name.is_some();
+    let mut uses = host::find(&a.config, allocated);
+    if let Some(res) = nad.and_then(|n| n.resource_name.as_ref()) {
+        uses.push(host::HostUse {
+            location: "resourceName (NAD annotation k8s.v1.cni.cncf.io/resourceName)".into(),
+            kind: HostKind::Resource,
+            value: res.clone(),
+        });
+    }
+    // A device the pod asked for (runtimeConfig.deviceID through the NAD's capability).
+    if !allocated {
+        if let Some(d) = a.capability_args.get("deviceID").and_then(|v| v.as_str()) {
+            uses.push(host::HostUse {
+                location: "runtimeConfig.deviceID (the pod's request)".into(),
+                kind: HostKind::Device,
+                value: d.to_string(),
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for u in uses {
+        let Some(ns) = namespaces
+            .iter()
+            .find(|ns| !allow.allows(ns, u.kind, &u.value))
+        else {
+            continue;
+        };
+        let what = match (u.kind, u.value.is_empty()) {
+            (HostKind::Interface, true) => {
+                "the node's default-route interface (no master named)".to_string()
+            }
+            (HostKind::Interface, false) => format!("host interface {}", u.value),
+            (HostKind::Vlan, _) => format!("VLAN {}", u.value),
+            (HostKind::Resource, _) => format!("resource {}", u.value),
+            (HostKind::Device, _) => format!("device {}", u.value),
+        };
+        let kind = u.kind.key();
+        out.push(Refusal {
+            mode: Mode::Enforce,
+            location: u.location,
+            value: u.value,
+            why: format!("namespace {ns} is not given {what}"),
+            allowed: format!(
+                "{:?} (nadPolicy.hostResources.allow {ns}.{kind} and {}.{kind})",
+                allow.entries(ns, u.kind),
+                host::ALL_NAMESPACES
+            ),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::SelectedNad;
+    use serde_json::{json, Value};
+
+    fn attachment(ns: &str, inline: bool, config: Value) -> PlannedAttachment {
+        PlannedAttachment {
+            network: format!("{ns}/n"),
+            ifname: "net1".into(),
+            is_default: false,
+            config,
+            capability_args: Default::default(),
+            cni_args: String::new(),
+            default_route: vec![],
+            filter_v4: false,
+            filter_v6: false,
+            resource_name: None,
+            dra: None,
+            nad: Some(SelectedNad {
+                namespace: ns.into(),
+                inline_config: inline,
+                resource_name: None,
+            }),
+        }
+    }
+
+    fn policy(v: Value) -> NadPolicy {
+        let p: NadPolicy = serde_json::from_value(v).unwrap();
+        p.validate().unwrap();
+        p
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("plexus-nad-guard-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    #[test]
+    fn paths_outside_and_through_symlinks_are_refused() {
+        let root = tmp("paths");
+        let allowed = root.join("allowed");
+        std::fs::create_dir(&allowed).unwrap();
+        std::os::unix::fs::symlink("/etc", allowed.join("escape")).unwrap();
+        std::os::unix::fs::symlink(root.join("nowhere"), allowed.join("dangling")).unwrap();
+        let p = policy(json!({"paths":{"data":[allowed],"logs":[allowed]}}));
+        let cfg = |dir: &str| json!({"type":"macvlan","master":"x","ipam":{"type":"host-local","dataDir":dir}});
+        let ok = attachment("bank", true, cfg(&format!("{}/new/sub", allowed.display())));
+        assert!(check(&p, Some("bank"), "pod bank/p", &[ok]).is_ok());
+        for bad in [
+            "/etc/ceo-nad-datadir".to_string(),
+            format!("{}/escape/x", allowed.display()),
+            format!("{}/dangling", allowed.display()),
+            format!("{}/../outside", allowed.display()),
+            "relative/dir".to_string(),
+        ] {
+            let a = attachment("bank", true, cfg(&bad));
+            let e = check(&p, Some("bank"), "pod bank/p", &[a]).unwrap_err();
+            let c = plexus_conf::error::CniError::from(e);
+            assert_eq!(c.code, 7, "{bad}");
+            assert!(
+                c.msg.contains("pod bank/p")
+                    && c.msg.contains("bank/n")
+                    && c.msg.contains("ipam.dataDir")
+                    && c.msg.contains(&format!("{bad:?}")),
+                "{c}"
+            );
+            assert!(c.details.contains("nadPolicy.paths.data"), "{c}");
+        }
+        // The operator's own configs and trusted namespaces' NADs are not path-checked.
+        let mut op = attachment("bank", true, cfg("/etc/x"));
+        op.nad = None;
+        assert!(check(&p, Some("bank"), "l", &[op]).is_ok());
+        let sys = attachment("kube-system", true, cfg("/etc/x"));
+        assert!(check(&p, Some("bank"), "l", &[sys]).is_ok());
+        // A file-backed NAD (empty spec) is the operator's config too.
+        let file = attachment("bank", false, cfg("/etc/x"));
+        assert!(check(&p, Some("bank"), "l", &[file]).is_ok());
+        // Audit mode logs and goes on.
+        let audit = policy(json!({"paths":{"mode":"audit","data":[allowed]}}));
+        assert!(check(
+            &audit,
+            Some("bank"),
+            "l",
+            &[attachment("bank", true, cfg("/etc/x"))]
+        )
+        .is_ok());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_world_writable_allowed_dir_is_not_used() {
+        let root = tmp("ww");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let p = policy(json!({"paths":{"data":[root]}}));
+        let a = attachment("bank", true, json!({"type":"x","dataDir":root.join("d")}));
+        assert!(check(&p, Some("bank"), "l", &[a]).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn host_resources_per_namespace() {
+        let p = policy(json!({"hostResources":{"mode":"enforce","allow":{
+            "bank.interfaces":"ens1f0","bank.vlans":"100","bank.resourceNames":"intel.com/bank_vf"}}}));
+        let mv = |master: &str, vlan: u32| json!({"type":"vlan","master":master,"vlanId":vlan});
+        assert!(check(
+            &p,
+            Some("bank"),
+            "l",
+            &[attachment("bank", true, mv("ens1f0", 100))]
+        )
+        .is_ok());
+        let e = check(
+            &p,
+            Some("bank"),
+            "pod bank/p",
+            &[attachment("bank", true, mv("eth0", 100))],
+        )
+        .unwrap_err();
+        let c = plexus_conf::error::CniError::from(e);
+        assert!(
+            c.msg.contains("master") && c.msg.contains("\"eth0\""),
+            "{c}"
+        );
+        assert!(
+            c.details
+                .contains("namespace bank is not given host interface eth0")
+                && c.details.contains("ens1f0"),
+            "{c}"
+        );
+        assert!(check(
+            &p,
+            Some("bank"),
+            "l",
+            &[attachment("bank", true, mv("ens1f0", 101))]
+        )
+        .is_err());
+        // Another namespace's pod may not use bank's interface, even through a bank NAD…
+        assert!(check(
+            &p,
+            Some("dev"),
+            "l",
+            &[attachment("bank", true, mv("ens1f0", 100))]
+        )
+        .is_err());
+        // …nor can a dev NAD hand it to a bank pod.
+        assert!(check(
+            &p,
+            Some("bank"),
+            "l",
+            &[attachment("dev", true, mv("ens1f0", 100))]
+        )
+        .is_err());
+        // Resources: the NAD's annotation; devices from the allocation are not the NAD's.
+        let mut vf = attachment(
+            "bank",
+            true,
+            json!({"type":"sriov","deviceID":"0000:af:06.1","vlan":100}),
+        );
+        vf.nad.as_mut().unwrap().resource_name = Some("intel.com/bank_vf".into());
+        vf.resource_name = Some("intel.com/bank_vf".into());
+        assert!(check(&p, Some("bank"), "l", std::slice::from_ref(&vf)).is_ok());
+        vf.nad.as_mut().unwrap().resource_name = Some("intel.com/other".into());
+        assert!(check(&p, Some("bank"), "l", std::slice::from_ref(&vf)).is_err());
+        // A device the NAD (or the pod) names itself needs an allowance.
+        let named = attachment(
+            "bank",
+            true,
+            json!({"type":"host-device","pciBusID":"0000:04:00.1"}),
+        );
+        assert!(check(&p, Some("bank"), "l", &[named]).is_err());
+        let mut asked = attachment(
+            "bank",
+            true,
+            json!({"type":"host-device","capabilities":{"deviceID":true}}),
+        );
+        asked
+            .capability_args
+            .insert("deviceID".into(), json!("0000:04:00.1"));
+        assert!(check(&p, Some("bank"), "l", &[asked]).is_err());
+        // The default (audit) never refuses.
+        let audit = policy(json!({}));
+        assert!(check(
+            &audit,
+            Some("dev"),
+            "l",
+            &[attachment("dev", true, mv("eth0", 7))]
+        )
+        .is_ok());
+        // No pod (static delegates): nothing selected by NAD.
+        assert!(check(&p, None, "l", &[attachment("dev", true, mv("eth0", 7))]).is_ok());
+    }
+}
