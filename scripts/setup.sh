@@ -4,8 +4,9 @@ set -euo pipefail
 # etcd-server, util-linux (setpriv), xz-utils: the real-cluster tiers (kubectl v1.36.2 comes with the
 # Kubernetes binaries in PLEXUS_K8S_BIN, ../shared/k8s/bin: never one from PATH).
 # containerd, runc, iptables (portmap), libc6-dev (gcc -static: the pause image): the node tier.
+# iputils-ping: traffic checks across the interfaces plexus makes.
 packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils
-  containerd runc iptables libc6-dev)
+  containerd runc iptables libc6-dev iputils-ping)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
