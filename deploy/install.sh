@@ -31,6 +31,7 @@ NETWORK_NAME=${PLEXUS_NETWORK_NAME:-plexus-cni-network}
 LOG_FILE=${PLEXUS_LOG_FILE:-/var/log/plexus.log}
 LOG_LEVEL=${PLEXUS_LOG_LEVEL:-warn}
 EXTRA_CONFIG=${PLEXUS_EXTRA_CONFIG:-\{\}}
+NAD_POLICY_DIR=${PLEXUS_NAD_POLICY_DIR:-}
 SA_DIR=/var/run/secrets/kubernetes.io/serviceaccount
 TOKEN_FILE=${PLEXUS_TOKEN_FILE:-$SA_DIR/token}
 CA_FILE=${PLEXUS_CA_FILE:-$SA_DIR/ca.crt}
@@ -59,6 +60,9 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --log-file PATH           logFile in the generated config    [/var/log/plexus.log]
   --log-level LEVEL         logLevel in the generated config   [warn]
   --extra-config JSON       object merged into the plexus plugin config (e.g. namespaceIsolation)
+  --nad-policy-dir DIR      the plexus-nad-policy ConfigMap, mounted (one file per key): its
+                            allowances and paths become nadPolicy (docs/security.md); a missing
+                            dir is no policy beyond the defaults
   --token-file PATH         service account token (PLEXUS_TOKEN=<token> instead also works)
   --ca-file PATH            service account CA
   --skip-kubeconfig         no kubeconfig (plexus then runs in-cluster or in static mode)
@@ -109,6 +113,7 @@ while [ "$#" -gt 0 ]; do
 	--log-file) need_value "$@"; LOG_FILE=$2; shift ;;
 	--log-level) need_value "$@"; LOG_LEVEL=$2; shift ;;
 	--extra-config) need_value "$@"; EXTRA_CONFIG=$2; shift ;;
+	--nad-policy-dir) need_value "$@"; NAD_POLICY_DIR=$2; shift ;;
 	--token-file) need_value "$@"; TOKEN_FILE=$2; shift ;;
 	--ca-file) need_value "$@"; CA_FILE=$2; shift ;;
 	--skip-kubeconfig) SKIP_KUBECONFIG=true ;;
@@ -333,6 +338,33 @@ conf_name() {
 	esac
 }
 
+# nadPolicy from the mounted plexus-nad-policy ConfigMap, on stdout ({} without one). Keys:
+# paths.<class> (comma list of dirs), paths.mode, hostResources.mode, trustedNamespaces, and
+# the <namespace>.<kind> / _all.<kind> allowances the admission policy reads too.
+render_policy() {
+	if [ -z "$NAD_POLICY_DIR" ] || [ ! -d "$NAD_POLICY_DIR" ]; then
+		echo '{}'
+		return
+	fi
+	policy='{}'
+	for f in "$NAD_POLICY_DIR"/*; do
+		key=${f##*/}
+		# A ConfigMap volume's ..data and timestamped dirs; an empty dir's literal '*'.
+		case $key in .* | '*') continue ;; esac
+		[ -f "$f" ] || continue
+		policy=$(printf '%s' "$policy" | jq -c --arg k "$key" --rawfile v "$f" '
+			def list: $v | split(",") | map(gsub("^\\s+|\\s+$"; "")) | map(select(. != ""));
+			def word: $v | gsub("\\s"; "");
+			if $k == "paths.mode" then .paths.mode = word
+			elif $k == "hostResources.mode" then .hostResources.mode = word
+			elif $k == "trustedNamespaces" then .trustedNamespaces = list
+			elif ($k | startswith("paths.")) then .paths[$k[6:]] = list
+			else .hostResources.allow[$k] = ($v | gsub("^\\s+|\\s+$"; "")) end') ||
+			die "cannot read $f"
+	done
+	printf '%s\n' "$policy"
+}
+
 # The config for the current primary, on stdout.
 render_config() {
 	kubeconfig=$KUBECONFIG_HOST_PATH
@@ -346,9 +378,11 @@ render_config() {
 		--arg logfile "$LOG_FILE" \
 		--arg loglevel "$LOG_LEVEL" \
 		--argjson extra "$EXTRA_CONFIG" \
+		--argjson policy "$POLICY" \
 		--arg list "$1" '
 		({type: "plexus", kubeconfig: $kubeconfig, clusterNetwork: $cluster,
 		  capabilities: $caps, logFile: $logfile, logLevel: $loglevel} + $extra
+		 + {nadPolicy: (($extra.nadPolicy // {}) * $policy)}
 		 | with_entries(select(.value != "" and .value != {}))) as $plugin
 		| if $list == "true"
 		  then {cniVersion: $version, name: $name, plugins: [$plugin]}
@@ -366,6 +400,19 @@ write_config() {
 	tmp=$CONF_DIR/.$name.plexus-tmp.$$ # no .conf/.conflist/.json suffix: libcni ignores it
 	track "$staged" "$tmp"
 	render_config "$list" >"$staged" || die "cannot render the plexus config"
+	# The plexus to be run checks the config first: a typo in the NAD policy ConfigMap must not
+	# fail every pod on the node. The first install fails (the pod shows why); later ones keep
+	# the config already published.
+	checker=$BIN_DIR/plexus
+	[ -x "$checker" ] || checker=$SRC_DIR/plexus
+	if [ -x "$checker" ] && ! why=$("$checker" check-config "$staged" 2>&1); then
+		rm -f "$staged"
+		if [ -f "$final" ]; then
+			log "the new config is refused by plexus, keeping $final: $why"
+			return 0
+		fi
+		die "the config is refused by plexus: $why"
+	fi
 	if ! { [ -f "$final" ] && cmp -s "$staged" "$final"; }; then
 		cp "$staged" "$tmp" || die "cannot write $tmp"
 		chmod 0644 "$tmp"
@@ -428,6 +475,7 @@ fi
 [ "$SKIP_BINARIES" = true ] || install_binaries
 [ "$SKIP_KUBECONFIG" = true ] || write_kubeconfig
 wait_primary
+POLICY=$(render_policy)
 write_config
 if [ -n "$READY_FILE" ]; then
 	case $READY_FILE in */*) mkdir -p "${READY_FILE%/*}" ;; esac
@@ -469,6 +517,15 @@ while :; do
 			PRIMARY_STATE=$state
 			write_config
 		fi
+		continue
+	fi
+	if ! policy=$(render_policy); then
+		continue
+	fi
+	if [ "$policy" != "$POLICY" ]; then
+		log "NAD policy changed ($NAD_POLICY_DIR)"
+		POLICY=$policy
+		write_config
 		continue
 	fi
 	if [ "$(hash_of "$PUBLISHED_PATH")" != "$PUBLISHED_HASH" ]; then

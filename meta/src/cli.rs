@@ -15,10 +15,37 @@ fn usage() -> String {
          usage: plexus                      (run by the container runtime with CNI_COMMAND set)\n       \
          plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname NAME]\n                        [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...\n       \
          plexus daemon [--config FILE] [--socket PATH] ...   (daemon mode: see plexus daemon --help)\n       \
+         plexus check-config FILE       (exit 0 when plexus accepts the config or conflist FILE)\n       \
          plexus version",
         env!("CARGO_PKG_VERSION"),
         plexus_conf::version::SUPPORTED.join(", ")
     )
+}
+
+/// `plexus check-config FILE`: 0 when FILE (a plexus config or a conflist holding one) parses
+/// and validates as the runtime's call would; else the CNI error on stderr and 1 (2: usage).
+fn check_config(args: &[String]) -> i32 {
+    let [file] = args else {
+        eprintln!("usage: plexus check-config FILE");
+        return 2;
+    };
+    let bytes = match plexus_delegates::fsutil::read_capped(
+        std::path::Path::new(file),
+        plexus_conf::limits::MAX_CONFIG_FILE_BYTES,
+    ) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{file}: {e}");
+            return 1;
+        }
+    };
+    match plexus_conf::plexus_config::PlexusConfig::parse(&bytes) {
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("{file}: {}: {}", e.msg, e.details);
+            1
+        }
+    }
 }
 
 /// `plexus daemon ARGS…`: replace this process with `plexus-daemon ARGS…` from this binary's
@@ -53,6 +80,7 @@ pub fn main() {
     match argv.first().map(String::as_str) {
         Some("explain") => std::process::exit(explain::main(&argv[1..])),
         Some("daemon") => std::process::exit(exec_daemon(&argv[1..])),
+        Some("check-config") => std::process::exit(check_config(&argv[1..])),
         Some("version" | "--version") => {
             println!("plexus {}", env!("CARGO_PKG_VERSION"));
             return;
