@@ -808,3 +808,127 @@ fn the_daemon_daemonsets_installer_installs_plexus_shim_and_names_it_as_the_type
         "the thin fallback keeps its kubeconfig: {conf}"
     );
 }
+
+/// Write a ConfigMap volume as the kubelet updates it: the keys in a new timestamped
+/// directory, `..data` swapped to it by a rename, then one `key -> ..data/key` link per key
+/// (links of keys gone removed).
+fn configmap_volume(dir: &Path, data: &[(&str, &str)]) {
+    fs::create_dir_all(dir).expect("mkdir");
+    let stamp = format!("..{}", common::uniq("ts"));
+    fs::create_dir(dir.join(&stamp)).expect("mkdir stamp");
+    for (k, v) in data {
+        fs::write(dir.join(&stamp).join(k), v).expect("write key");
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&stamp, &tmp).expect("..data_tmp");
+    fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    for (k, _) in data {
+        let link = dir.join(k);
+        if fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{k}"), &link).expect("key link");
+        }
+    }
+    for e in fs::read_dir(dir).expect("read_dir").filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("..") {
+            if name != "..data" && name != stamp {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        } else if !data.iter().any(|(k, _)| *k == name) {
+            fs::remove_file(e.path()).expect("remove key link");
+        }
+    }
+}
+
+#[test]
+fn the_nad_policy_configmap_becomes_nad_policy_and_a_bad_one_is_never_published() {
+    let node = Node::new();
+    // The real plexus: the installer asks it to check every config before publishing.
+    fs::copy(common::bin("plexus"), node.path("src/plexus")).expect("copy plexus");
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    let cm = node.path("nad-policy");
+    let policy_dir = cm.display().to_string();
+
+    // A policy with a bad VLAN range: the first install fails and publishes nothing.
+    configmap_volume(&cm, &[("bank.vlans", "100, 5000")]);
+    let out = node.run(&["--nad-policy-dir", &policy_dir]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("refused by plexus") && stderr.contains("bank.vlans"),
+        "{stderr}"
+    );
+    assert!(!node.conf("00-plexus.conflist").exists());
+
+    configmap_volume(
+        &cm,
+        &[
+            ("bank.interfaces", " ens1f0, br-bank "),
+            ("bank.vlans", "100, 200-209"),
+            ("_all.resourceNames", "intel.com/shared_*"),
+            ("hostResources.mode", "enforce\n"),
+            ("paths.data", "/var/lib/cni/networks, /srv/ipam"),
+        ],
+    );
+    let mut proc = Reaped(
+        node.command(&[
+            "--watch",
+            "--watch-interval",
+            "0.1",
+            "--nad-policy-dir",
+            &policy_dir,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn"),
+    );
+    let conf = node.conf("00-plexus.conflist");
+    let policy = || -> Value {
+        fs::read(&conf)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .map(|v| v["plugins"][0]["nadPolicy"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let limit = Duration::from_secs(10);
+    let want = json!({
+        "hostResources": {"mode": "enforce", "allow": {
+            "bank.interfaces": "ens1f0, br-bank", "bank.vlans": "100, 200-209",
+            "_all.resourceNames": "intel.com/shared_*"}},
+        "paths": {"data": ["/var/lib/cni/networks", "/srv/ipam"]}});
+    assert!(wait_until(limit, || policy() == want), "{}", policy());
+
+    // A change of the ConfigMap (the kubelet swaps ..data) is followed.
+    configmap_volume(&cm, &[("bank.interfaces", "ens1f1")]);
+    let changed = json!({"hostResources": {"allow": {"bank.interfaces": "ens1f1"}}});
+    assert!(wait_until(limit, || policy() == changed), "{}", policy());
+    // A bad one is refused by plexus: the published config stays as it was.
+    configmap_volume(
+        &cm,
+        &[
+            ("bank.interfaces", "ens1f1"),
+            ("paths.logs", "relative/logs"),
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(policy(), changed);
+    // The ConfigMap deleted (optional volume, empty dir): the defaults, no nadPolicy key.
+    configmap_volume(&cm, &[]);
+    assert!(wait_until(limit, || policy().is_null()), "{}", policy());
+    let _ = Command::new("kill")
+        .args(["-TERM", &proc.0.id().to_string()])
+        .status();
+    let mut err = Vec::new();
+    use std::io::Read as _;
+    let _ = proc.0.wait();
+    if let Some(mut s) = proc.0.stderr.take() {
+        s.read_to_end(&mut err).expect("stderr");
+    }
+    let stderr = String::from_utf8_lossy(&err);
+    assert!(
+        stderr.contains("the new config is refused by plexus, keeping")
+            && stderr.contains("paths.logs"),
+        "{stderr}"
+    );
+}
