@@ -5,14 +5,17 @@
 //! namespace and to the NAD's. What a config names is `plexus_conf::nad_policy`'s business; this
 //! module adds the filesystem and the modes.
 
-use crate::error::MetaError;
+use crate::error::{MetaError, NadRefusal};
 use crate::plan::PlannedAttachment;
 use plexus_conf::nad_policy::{
     host, paths, Allowances, HostKind, Mode, NadPolicy, PathClass, PathPolicy,
 };
+use plexus_delegates::hostroot;
+use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 /// One thing a NAD names that the policy does not allow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,10 +45,12 @@ pub fn check(
             return Err(MetaError::NadPolicy {
                 pod: label.to_string(),
                 network: a.network.clone(),
-                location: r.location,
-                value: r.value,
-                why: r.why,
-                allowed: r.allowed,
+                refusal: Box::new(NadRefusal {
+                    location: r.location,
+                    value: r.value,
+                    why: r.why,
+                    allowed: r.allowed,
+                }),
             });
         }
     }
@@ -73,8 +78,14 @@ pub fn refusals(policy: &NadPolicy, pod_ns: Option<&str>, a: &PlannedAttachment)
     };
     let trusted = policy.trusted_namespaces.contains(&nad.namespace);
     let mut out = Vec::new();
-    if nad.inline_config && !trusted && policy.paths.mode != Mode::Off {
-        out.extend(path_refusals(&policy.paths, &a.config));
+    if policy.paths.mode != Mode::Off {
+        if nad.inline_config && !trusted {
+            out.extend(path_refusals(&policy.paths, &a.config));
+        } else {
+            // The operator's config, but the pod's `cni-args` went into each plugin's
+            // `args.cni`: those are still a namespace user's.
+            out.extend(path_refusals(&policy.paths, &plugin_args(&a.config)));
+        }
     }
     if policy.host_resources.mode != Mode::Off {
         // Validated at config parse; a failure here means nothing is allowed.
@@ -93,6 +104,32 @@ pub fn refusals(policy: &NadPolicy, pod_ns: Option<&str>, a: &PlannedAttachment)
         );
     }
     out
+}
+
+/// Each plugin's `args`, where the pod's `cni-args` are injected, as one object
+/// (`plugins[0].args` …) for [`path_refusals`].
+fn plugin_args(config: &serde_json::Value) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    let plugins: Vec<(String, &serde_json::Value)> =
+        match config.get("plugins").and_then(|p| p.as_array()) {
+            Some(ps) => ps
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (format!("plugins[{i}]"), p))
+                .collect(),
+            None => vec![(String::new(), config)],
+        };
+    for (at, p) in plugins {
+        if let Some(args) = p.get("args") {
+            let key = if at.is_empty() {
+                "args".to_string()
+            } else {
+                format!("{at}.args")
+            };
+            out.insert(key, args.clone());
+        }
+    }
+    serde_json::Value::Object(out)
 }
 
 /// The path-valued keys of `config` that do not resolve under their class's directories.
@@ -142,7 +179,7 @@ fn path_problem(value: &str, class: PathClass, dirs: &[&str]) -> Option<String> 
 /// writable by every user, where anyone could plant a symlink.
 fn usable_dir(d: &str) -> Option<PathBuf> {
     let resolved = resolve(Path::new(d)).ok()?;
-    match std::fs::metadata(&resolved) {
+    match std::fs::metadata(hostroot::host_path(&resolved)) {
         Ok(m) if m.permissions().mode() & 0o002 != 0 => {
             tracing::warn!(dir = %d, "nadPolicy.paths directory is writable by every user: not used");
             None
@@ -151,34 +188,71 @@ fn usable_dir(d: &str) -> Option<PathBuf> {
     }
 }
 
-/// `path` with every symlink of its existing part resolved and its missing part appended; an
-/// error when a component is a dangling symlink (the plugin would create its target wherever
-/// it points) or cannot be looked at.
+/// Most symlinks followed in one path (the kernel's `MAXSYMLINKS`).
+const MAX_SYMLINKS: usize = 40;
+
+/// Host path `path` as a plugin opening it would reach it: every symlink of its existing part
+/// followed (within the host root in daemon mode, where delegates run chrooted into it), a
+/// dangling one to where its target would be created, the missing part appended.
 fn resolve(path: &Path) -> Result<PathBuf, String> {
-    let mut existing = path.to_path_buf();
-    let mut missing: Vec<std::ffi::OsString> = Vec::new();
-    loop {
-        match std::fs::canonicalize(&existing) {
-            Ok(mut real) => {
-                real.extend(missing.iter().rev());
-                return Ok(real);
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                if std::fs::symlink_metadata(&existing).is_ok() {
+    resolve_in(hostroot::get().unwrap_or(Path::new("/")), path)
+}
+
+/// [`resolve`] within `root`: `path` and symlink targets are paths of the tree under `root`.
+fn resolve_in(root: &Path, path: &Path) -> Result<PathBuf, String> {
+    let mut done = PathBuf::from("/");
+    let mut todo: VecDeque<OsString> = parts(path);
+    let mut links = 0;
+    let mut exists = true;
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let next = done.join(&c);
+        if !exists {
+            done = next;
+            continue;
+        }
+        let seen = root.join(next.strip_prefix("/").unwrap_or(&next));
+        match std::fs::symlink_metadata(&seen) {
+            Ok(m) if m.file_type().is_symlink() => {
+                links += 1;
+                if links > MAX_SYMLINKS {
                     return Err(format!(
-                        "{} is a symlink whose target does not exist",
-                        existing.display()
+                        "{} has too many levels of symlinks",
+                        path.display()
                     ));
                 }
-                let Some(name) = existing.file_name().map(ToOwned::to_owned) else {
-                    return Err(format!("{} cannot be resolved", path.display()));
-                };
-                missing.push(name);
-                existing.pop();
+                let target = std::fs::read_link(&seen)
+                    .map_err(|e| format!("{} cannot be read: {e}", next.display()))?;
+                if target.is_absolute() {
+                    done = PathBuf::from("/");
+                }
+                let mut rest = parts(&target);
+                rest.extend(todo);
+                todo = rest;
             }
-            Err(e) => return Err(format!("{} cannot be looked at: {e}", existing.display())),
+            Ok(_) => done = next,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                exists = false;
+                done = next;
+            }
+            Err(e) => return Err(format!("{} cannot be looked at: {e}", next.display())),
         }
     }
+    Ok(done)
+}
+
+/// The named components of `p` (`.` dropped, `..` kept), for [`resolve_in`].
+fn parts(p: &Path) -> VecDeque<OsString> {
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
 }
 
 /// What `a` names on the host that one of `namespaces` is not given.
@@ -330,6 +404,58 @@ mod tests {
         )
         .is_ok());
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_host_root_as_a_chrooted_plugin_sees_them() {
+        let root = tmp("root");
+        std::fs::create_dir_all(root.join("var/lib/cni/networks")).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        // Absolute targets are host paths: /etc inside the root, not this process' /etc.
+        std::os::unix::fs::symlink("/etc", root.join("var/lib/cni/networks/abs")).unwrap();
+        std::os::unix::fs::symlink("../../../../etc/x", root.join("var/lib/cni/networks/rel"))
+            .unwrap();
+        std::os::unix::fs::symlink(
+            "/var/lib/cni/networks/new",
+            root.join("var/lib/cni/networks/ok"),
+        )
+        .unwrap();
+        let r = |p: &str| resolve_in(&root, Path::new(p)).unwrap();
+        assert_eq!(
+            r("/var/lib/cni/networks/abs/passwd"),
+            Path::new("/etc/passwd")
+        );
+        assert_eq!(r("/var/lib/cni/networks/rel"), Path::new("/etc/x"));
+        // A dangling link: where the plugin would create its target.
+        assert_eq!(
+            r("/var/lib/cni/networks/ok/leases"),
+            Path::new("/var/lib/cni/networks/new/leases")
+        );
+        assert_eq!(
+            r("/var/lib/cni/networks/a/b"),
+            Path::new("/var/lib/cni/networks/a/b")
+        );
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        assert!(resolve_in(&root, Path::new("/loop/x"))
+            .unwrap_err()
+            .contains("too many"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_pods_cni_args_are_checked_even_in_an_operators_config() {
+        let p = policy(json!({}));
+        let args = json!({"type":"macvlan","args":{"cni":{"dumpFile":"/etc/evil"}}});
+        for (ns, inline) in [("kube-system", true), ("bank", false)] {
+            let e = check(
+                &p,
+                Some("bank"),
+                "l",
+                &[attachment(ns, inline, args.clone())],
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("args.cni.dumpFile"), "{e}");
+        }
     }
 
     #[test]

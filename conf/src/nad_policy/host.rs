@@ -61,65 +61,95 @@ pub struct HostUse {
 /// Plugins whose `master` defaults to the node's default-route interface when left out.
 const DEFAULT_MASTER_PLUGINS: &[&str] = &["macvlan", "ipvlan"];
 
-/// The host resources the plugins of `config` (a conflist or a single config) name in their
-/// top-level keys. `skip_devices`: the device keys were filled in from the kubelet's
-/// allocation (checked by resource name instead).
+/// The host resources the plugins of `config` (a conflist or a single config) name, at any
+/// depth (a plugin's `delegate`, its IPAM, `args`). `skip_devices`: the plugins' top-level
+/// device keys were filled in from the kubelet's allocation (checked by resource name instead).
 pub fn find(config: &Value, skip_devices: bool) -> Vec<HostUse> {
     let plugins: Vec<(String, &Value)> = match config.get("plugins").and_then(Value::as_array) {
         Some(ps) => ps
             .iter()
             .enumerate()
-            .map(|(i, p)| (format!("plugins[{i}]."), p))
+            .map(|(i, p)| (format!("plugins[{i}]"), p))
             .collect(),
         None => vec![(String::new(), config)],
     };
     let mut out = Vec::new();
     for (at, p) in plugins {
         let Some(obj) = p.as_object() else { continue };
-        let mut push = |key: &str, kind, value: String| {
-            out.push(HostUse {
-                location: format!("{at}{key}"),
-                kind,
-                value,
-            })
-        };
         let ty = obj.get("type").and_then(Value::as_str).unwrap_or("");
-        for key in ["master", "bridge", "device"] {
-            if let Some(v) = obj.get(key) {
-                push(key, HostKind::Interface, scalar(v));
-            }
-        }
         if DEFAULT_MASTER_PLUGINS.contains(&ty) && !obj.contains_key("master") {
-            push("master", HostKind::Interface, String::new());
+            out.push(HostUse {
+                location: join(&at, "master"),
+                kind: HostKind::Interface,
+                value: String::new(),
+            });
         }
-        for key in ["vlan", "vlanId", "vlanID"] {
-            match obj.get(key) {
-                None | Some(Value::Null) => {}
-                // vlan 0 is "no VLAN" in sriov-cni and the bridge plugin.
-                Some(v) if v.as_u64() == Some(0) => {}
-                Some(v) => push(key, HostKind::Vlan, scalar(v)),
-            }
-        }
-        if let Some(trunk) = obj.get("vlanTrunk").and_then(Value::as_array) {
-            for (i, t) in trunk.iter().enumerate() {
-                let id = |k: &str| t.get(k).map(scalar);
-                let value = match (id("id"), id("minID"), id("maxID")) {
-                    (Some(id), _, _) => id,
-                    (None, Some(a), Some(b)) => format!("{a}-{b}"),
-                    _ => scalar(t),
+        walk(p, &at, skip_devices, true, &mut out);
+    }
+    out
+}
+
+fn join(at: &str, key: &str) -> String {
+    if at.is_empty() {
+        key.to_string()
+    } else {
+        format!("{at}.{key}")
+    }
+}
+
+/// The resource keys of object `v` at `at`, and of every object below it.
+fn walk(v: &Value, at: &str, skip_devices: bool, top: bool, out: &mut Vec<HostUse>) {
+    match v {
+        Value::Object(obj) => {
+            for (key, item) in obj {
+                let here = join(at, key);
+                let scalar_value = !item.is_object() && !item.is_array() && !item.is_null();
+                let mut push = |kind, value: String| {
+                    out.push(HostUse {
+                        location: here.clone(),
+                        kind,
+                        value,
+                    })
                 };
-                push(&format!("vlanTrunk[{i}]"), HostKind::Vlan, value);
-            }
-        }
-        if !skip_devices {
-            for key in ["deviceID", "pciBusID", "kernelpath"] {
-                if let Some(v) = obj.get(key) {
-                    push(key, HostKind::Device, scalar(v));
+                match key.as_str() {
+                    "master" | "bridge" | "device" if scalar_value => {
+                        push(HostKind::Interface, scalar(item))
+                    }
+                    // vlan 0 is "no VLAN" in sriov-cni and the bridge plugin.
+                    "vlan" | "vlanId" | "vlanID" if scalar_value && item.as_u64() != Some(0) => {
+                        push(HostKind::Vlan, scalar(item))
+                    }
+                    "deviceID" | "pciBusID" | "kernelpath"
+                        if scalar_value && !(top && skip_devices) =>
+                    {
+                        push(HostKind::Device, scalar(item))
+                    }
+                    "vlanTrunk" if item.is_array() => {
+                        for (i, t) in item.as_array().into_iter().flatten().enumerate() {
+                            let id = |k: &str| t.get(k).map(scalar);
+                            let value = match (id("id"), id("minID"), id("maxID")) {
+                                (Some(id), _, _) => id,
+                                (None, Some(a), Some(b)) => format!("{a}-{b}"),
+                                _ => scalar(t),
+                            };
+                            out.push(HostUse {
+                                location: format!("{here}[{i}]"),
+                                kind: HostKind::Vlan,
+                                value,
+                            });
+                        }
+                    }
+                    _ => walk(item, &here, skip_devices, false, out),
                 }
             }
         }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                walk(item, &format!("{at}[{i}]"), skip_devices, false, out);
+            }
+        }
+        _ => {}
     }
-    out
 }
 
 fn scalar(v: &Value) -> String {
@@ -259,6 +289,19 @@ mod tests {
         assert_eq!(got, want);
         // Devices from the kubelet's allocation are not the NAD's choice.
         assert!(find(&v, true).iter().all(|u| u.kind != HostKind::Device));
+        // Nested: flannel's delegate names a host bridge; a trunk inside a delegate too.
+        let nested = find(
+            &json!({"type":"flannel","delegate":{"bridge":"cni0","vlanTrunk":[{"id":7}]}}),
+            false,
+        );
+        let got: Vec<(&str, &str)> = nested
+            .iter()
+            .map(|u| (u.location.as_str(), u.value.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("delegate.bridge", "cni0"), ("delegate.vlanTrunk[0]", "7")]
+        );
         // A macvlan without master is on the node's default-route interface.
         let m = find(&json!({"type":"macvlan"}), false);
         assert_eq!((m[0].kind, m[0].value.as_str()), (HostKind::Interface, ""));

@@ -158,13 +158,13 @@ impl MetaError {
             NadPolicy {
                 pod,
                 network,
-                location,
-                value,
-                why,
-                allowed,
+                refusal: r,
             } => (
-                format!("{pod}, network {network}: {location} {value:?} is not allowed by the node's NAD policy"),
-                format!("{why}; allowed: {allowed}"),
+                format!(
+                    "{pod}, network {network}: {} {:?} is not allowed by the node's NAD policy",
+                    r.location, r.value
+                ),
+                format!("{}; allowed: {}", r.why, r.allowed),
             ),
             MultipleDefaultRoutes { pod } => (
                 format!("{pod}: more than one default-route gateway per IP family"),

@@ -155,7 +155,7 @@ fn table() -> Vec<(MetaError, u32)> {
         (CapabilityNotHonoured { pod: pod(), network: s("db/mv"), capability: s("mac"), config_name: s("mv") }, 7),
         (DuplicateInterface { pod: pod(), ifname: s("eth0"), first: s("a"), second: s("b") }, 7),
         (MetaPluginDelegate { pod: pod(), network: s("db/l"), plugin_type: s("multus") }, 7),
-        (NadPolicy { pod: pod(), network: s("db/mv"), location: s("ipam.dataDir"), value: s("/etc/x"), why: s("outside"), allowed: s("[]") }, 7),
+        (NadPolicy { pod: pod(), network: s("db/mv"), refusal: Box::new(NadRefusal { location: s("ipam.dataDir"), value: s("/etc/x"), why: s("outside"), allowed: s("[]") }) }, 7),
         (MultipleDefaultRoutes { pod: pod() }, 7),
         (PluginMissing { pod: pod(), network: s("db/mv"), source: cni(7) }, 7),
         (FixedIps { pod: pod(), source: cni(7) }, 7),

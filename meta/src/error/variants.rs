@@ -241,14 +241,8 @@ pub enum MetaError {
         pod: String,
         /// The network.
         network: String,
-        /// Where in the config: `plugins[0].ipam.dataDir`, or `resourceName`.
-        location: String,
-        /// The value named there.
-        value: String,
-        /// Why it is refused.
-        why: String,
-        /// What the policy allows instead, with the config field that says so.
-        allowed: String,
+        /// What is refused and why.
+        refusal: Box<NadRefusal>,
     },
     /// More than one default-route gateway per IP family (7).
     MultipleDefaultRoutes {
@@ -614,4 +608,17 @@ impl MetaError {
             _ => Some(MetaError::Combined(errors)),
         }
     }
+}
+
+/// What the node's NAD policy refuses in a network's config ([`MetaError::NadPolicy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NadRefusal {
+    /// Where in the config: `plugins[0].ipam.dataDir`, or `resourceName`.
+    pub location: String,
+    /// The value named there.
+    pub value: String,
+    /// Why it is refused.
+    pub why: String,
+    /// What the policy allows instead, with the config field that says so.
+    pub allowed: String,
 }

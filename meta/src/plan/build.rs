@@ -255,15 +255,19 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
     }
     for a in &out {
         let list = a.list()?;
-        if let Some(p) = list
+        // As a plugin or as its IPAM: either way plexus would run again with a config (its own
+        // delegates, its own nadPolicy) that the network's author chose.
+        if let Some(t) = list
             .plugins
             .iter()
-            .find(|p| META_PLUGINS.contains(&p.plugin_type()))
+            .flat_map(|p| [Some(p.plugin_type()), p.ipam_type()])
+            .flatten()
+            .find(|t| META_PLUGINS.contains(t))
         {
             return Err(MetaError::MetaPluginDelegate {
                 pod: ctx.clone(),
                 network: a.network.clone(),
-                plugin_type: p.plugin_type().to_string(),
+                plugin_type: t.to_string(),
             });
         }
         // A version plexus cannot speak fails now, before any delegate runs (at ADD it would

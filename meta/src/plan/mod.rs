@@ -511,6 +511,17 @@ mod tests {
                 if network == "db/loop" && plugin_type == "plexus"),
             "{e:?}"
         );
+        // Nor its delegates' IPAM.
+        let as_ipam = net(
+            "db/loop",
+            json!({"cniVersion":"1.0.0","name":"loop","plugins":[{"type":"macvlan","master":"x",
+                "ipam":{"type":"multus","delegates":[{"type":"bridge"}]}}]}),
+        );
+        let e = plan("loop", vec![as_ipam]).unwrap_err();
+        assert!(
+            matches!(&e, MetaError::MetaPluginDelegate { plugin_type, .. } if plugin_type == "multus"),
+            "{e:?}"
+        );
     }
 
     #[test]
