@@ -34,9 +34,10 @@ fn main() -> ExitCode {
         "host_local_data_dir_outside_the_allowed_dirs_is_refused_before_any_plugin",
         || data_dir(&node),
     );
-    suite.case("whereabouts_pointed_at_another_kubeconfig_is_refused", || {
-        whereabouts_kubeconfig(&node)
-    });
+    suite.case(
+        "whereabouts_pointed_at_another_kubeconfig_is_refused",
+        || whereabouts_kubeconfig(&node),
+    );
     suite.case("a_log_path_through_a_symlink_is_refused", || {
         log_through_symlink(&node)
     });
@@ -170,7 +171,9 @@ impl<'a> Node<'a> {
 
     /// A pod asking for `networks`; its ADD/DEL arguments.
     fn pod(&self, ns: &str, name: &str, networks: &str) -> Result<String> {
-        let _ = self.cp.kubectl(&["-n", ns, "delete", "pod", name, "--ignore-not-found"]);
+        let _ = self
+            .cp
+            .kubectl(&["-n", ns, "delete", "pod", name, "--ignore-not-found"]);
         let pod = json!({"apiVersion":"v1","kind":"Pod",
             "metadata":{"name":name,"namespace":ns,"annotations":{NETWORKS:networks}},
             "spec":{"nodeName":"plexus-policy-node","automountServiceAccountToken":false,
@@ -254,7 +257,10 @@ impl<'a> Node<'a> {
                 && msg.contains("NAD policy"),
             "{pod}: msg {msg:?}"
         );
-        ensure!(det.contains(details), "{pod}: details {det:?} lack {details:?}");
+        ensure!(
+            det.contains(details),
+            "{pod}: details {det:?} lack {details:?}"
+        );
         ensure!(netns.links() == ["lo"], "{pod}: {:?}", netns.links());
         let warnings = self.warnings(ns, pod)?;
         ensure!(
@@ -264,7 +270,11 @@ impl<'a> Node<'a> {
             "{pod}: no Warning event naming {location}: {warnings:?}"
         );
         ensure!(del.code == 0, "{pod}: DEL {}", del.out);
-        ensure!(self.state_left().is_empty(), "{pod}: {:?}", self.state_left());
+        ensure!(
+            self.state_left().is_empty(),
+            "{pod}: {:?}",
+            self.state_left()
+        );
         Ok(())
     }
 }
@@ -272,7 +282,17 @@ impl<'a> Node<'a> {
 /// `ping` from `netns` to `addr` (address without prefix), once, 2 s.
 fn pings(netns: &Netns, addr: &str) -> bool {
     Command::new("ip")
-        .args(["netns", "exec", &netns.name, "ping", "-c", "1", "-W", "2", addr])
+        .args([
+            "netns",
+            "exec",
+            &netns.name,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            addr,
+        ])
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -298,9 +318,29 @@ fn data_dir(node: &Node<'_>) -> Result<()> {
     )?;
     ensure!(!outside.exists(), "host-local wrote {}", outside.display());
 
+    // A DEL of a container no ADD ever saw (no plan, no tombstone) rebuilds the plan from the
+    // NADs: the refused network is skipped, so host-local does not run (it creates its dataDir
+    // even on DEL); with the path policy off it does.
+    let off = json!({"paths":{"mode":"off"}});
+    let args = node.pod("bank", "p-hl-del", "hl-out")?;
+    let netns = Netns::new();
+    let del = node.call("DEL", "cid-hl-never-added", &netns, &args, &policy);
+    ensure!(del.code == 0, "DEL without a plan: {}", del.out);
+    ensure!(
+        !outside.exists(),
+        "a DEL without a plan ran host-local for a refused NAD"
+    );
+    let del_off = node.call("DEL", "cid-hl-never-added-2", &netns, &args, &off);
+    let created = outside.exists();
+    let _ = std::fs::remove_dir_all(&outside);
+    ensure!(del_off.code == 0, "control DEL: {}", del_off.out);
+    ensure!(
+        created,
+        "control: host-local's DEL did not create its dataDir"
+    );
+
     // Control: with the path policy off, the root host-local does create the NAD's directory
     // and writes its lease there (what plexus refuses above).
-    let off = json!({"paths":{"mode":"off"}});
     let args = node.pod("bank", "p-hl-off", "hl-out")?;
     let netns = Netns::new();
     let add = node.call("ADD", "cid-hl-off", &netns, &args, &off);
@@ -332,7 +372,12 @@ fn data_dir(node: &Node<'_>) -> Result<()> {
     let ping = pings(&a, bare(&addr_b));
     node.call("DEL", "cid-hl-a", &a, &args_a, &policy);
     node.call("DEL", "cid-hl-b", &b, &args_b, &policy);
-    ensure!(add_a.code == 0 && add_b.code == 0, "{} {}", add_a.out, add_b.out);
+    ensure!(
+        add_a.code == 0 && add_b.code == 0,
+        "{} {}",
+        add_a.out,
+        add_b.out
+    );
     ensure!(addr_b.starts_with("10.173.2."), "net1 of b: {addr_b:?}");
     ensure!(ping, "no ping from a to b over net1 ({addr_b})");
     let leases: Vec<String> = files_under(&node.path("allowed/data"))
@@ -444,7 +489,11 @@ fn log_through_symlink(node: &Node<'_>) -> Result<()> {
     node.call("DEL", "cid-wb-log-off", &netns, &args, &off);
     let _ = std::fs::remove_file(&target);
     ensure!(add.code == 0, "control ADD: {}", add.out);
-    ensure!(written, "control: whereabouts did not write {}", target.display());
+    ensure!(
+        written,
+        "control: whereabouts did not write {}",
+        target.display()
+    );
     Ok(())
 }
 
@@ -469,9 +518,7 @@ fn host_resources(node: &Node<'_>) -> Result<()> {
         "mv-given",
         node.macvlan(&node.master.0, hl("10.175.3.0/24")),
     )?;
-    let br = |vlan: u32, subnet: &str| {
-        json!({"cniVersion":"1.0.0","type":"bridge","bridge":bridge.0,"vlan":vlan,"ipam":hl(subnet)})
-    };
+    let br = |vlan: u32, subnet: &str| json!({"cniVersion":"1.0.0","type":"bridge","bridge":bridge.0,"vlan":vlan,"ipam":hl(subnet)});
     node.nad("bank", "br-300", br(300, "10.175.4.0/24"))?;
     node.nad("bank", "br-150", br(150, "10.175.5.0/24"))?;
 

@@ -286,6 +286,47 @@ mod tests {
     }
 
     #[test]
+    fn only_networks_a_pod_selected_by_nad_carry_the_nad_mark() {
+        let c = config(
+            json!({"clusterNetwork":"kube-system/flannel","defaultNetworks":["kube-system/mon"]}),
+        );
+        let nads: NadMap = [
+            (
+                ("kube-system".to_string(), "flannel".to_string()),
+                nad(r#"{"cniVersion":"1.0.0","type":"bridge"}"#),
+            ),
+            (
+                ("kube-system".to_string(), "mon".to_string()),
+                nad(r#"{"cniVersion":"1.0.0","type":"macvlan"}"#),
+            ),
+            (
+                ("db".to_string(), "mv".to_string()),
+                nad(r#"{"cniVersion":"1.0.0","type":"macvlan"}"#),
+            ),
+        ]
+        .into();
+        let args = CniArgs::default();
+        let p = pod("db", &[(NETWORKS_ANNOTATION, "mv")]);
+        let r = requests(&c, Some(&p)).unwrap();
+        let plan = make_plan(&c, "eth0", &args, Some(&p), &r, &nads, None).unwrap();
+        let marks: Vec<Option<&str>> = plan
+            .iter()
+            .map(|a| a.nad.as_ref().map(|n| n.namespace.as_str()))
+            .collect();
+        // clusterNetwork and defaultNetworks are the operator's, even as NADs.
+        assert_eq!(marks, vec![None, None, Some("db")]);
+        assert!(plan[2].nad.as_ref().unwrap().inline_config);
+        // The default-network override is the pod's choice.
+        let p = pod("db", &[(DEFAULT_NETWORK_ANNOTATION, "db/mv")]);
+        let r = requests(&c, Some(&p)).unwrap();
+        let plan = make_plan(&c, "eth0", &args, Some(&p), &r, &nads, None).unwrap();
+        assert_eq!(
+            plan[0].nad.as_ref().map(|n| n.namespace.as_str()),
+            Some("db")
+        );
+    }
+
+    #[test]
     fn default_override_and_selections() {
         let c = config(json!({}));
         let p = pod(

@@ -321,6 +321,21 @@ mod tests {
     }
 
     #[test]
+    fn explain_refuses_what_the_nad_policy_refuses_at_add() {
+        let cfg = br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":"cni0"}]}"#;
+        let pod = json!({"metadata":{"name":"pg-0","namespace":"db","annotations":{"k8s.v1.cni.cncf.io/networks":"mv"}}});
+        let nad = json!({"metadata":{"name":"mv","namespace":"db"},"spec":{"config":
+            "{\"cniVersion\":\"1.0.0\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{\"type\":\"host-local\",\"dataDir\":\"/etc/ceo\"}}"}});
+        let e = explain(cfg, &pod, &[nad], "eth0", &DeviceInputs::default()).unwrap_err();
+        let c = CniError::from(e);
+        assert_eq!(c.code, 7);
+        assert!(
+            c.msg.contains("network db/mv") && c.msg.contains("ipam.dataDir \"/etc/ceo\""),
+            "{c}"
+        );
+    }
+
+    #[test]
     fn explains_device_plugin_and_dra_allocations() {
         let cfg = br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":"cni0"}]}"#;
         let nad = |name: &str, res: &str| {
