@@ -57,6 +57,7 @@ ip link set pxdemo-m0 up; ip link set pxdemo-m1 up
 cat > "$W/plexus.conf" <<JSON
 {"cniVersion":"1.0.0","name":"plexus-network","type":"plexus","kubeconfig":"$W/kubeconfig",
  "cniDir":"$W/state","binDir":"/usr/lib/cni","logFile":"$W/plexus.log","logLevel":"verbose","logToStderr":false,
+ "nadPolicy":{"paths":{"data":["$W/ipam"]}},
  "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":"pxdemo-br0","isGateway":true,"isDefaultGateway":true,
    "ipam":{"type":"host-local","dataDir":"$W/ipam","ranges":[[{"subnet":"10.244.1.0/24"}]]}}]}
 JSON

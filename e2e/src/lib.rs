@@ -3,9 +3,11 @@
 
 pub mod apiserver;
 pub mod fake_kubelet;
+pub mod nad_policy;
 pub mod procfs;
 pub mod realk8s;
 
 pub use apiserver::{
     Access, ApiServerError, RequestMatcher, RequestRecord, TestApiServer, TestApiServerOptions,
 };
+pub use nad_policy::nad_policy_allowing;

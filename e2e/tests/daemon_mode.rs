@@ -11,6 +11,7 @@
 mod common;
 
 use common::*;
+use plexus_e2e::nad_policy_allowing;
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -143,7 +144,8 @@ impl Setup {
         let mut c = json!({"cniVersion":"1.0.0","name":"plexus-daemon","type":self.shim,
             "daemonSocket": self.p("run/plexus.sock"),
             "cniDir":self.p("state"),"binDir":self.p("bin"),"logLevel":"debug","logToStderr":false,
-            "logFile":self.p("plexus.log"),"delegates":[net]});
+            "logFile":self.p("plexus.log"),"delegates":[net],
+            "nadPolicy":nad_policy_allowing(&[self.dir.path()])});
         for (k, v) in extra.as_object().into_iter().flatten() {
             c[k] = v.clone();
         }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use common::*;
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node_rig::scrape_metric;
 use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{
@@ -57,6 +58,9 @@ fn main() -> ExitCode {
         "daemon_killed_before_the_status_patch_a_del_first_drops_it_unsent",
         || killed_then_del_first(&node),
     );
+    suite.case("the_daemon_refuses_what_the_nad_policy_refuses", || {
+        nad_policy_refusal(&node)
+    });
     suite.case("nad_changed_between_add_and_del_del_uses_the_plan", || {
         nad_changed(&node)
     });
@@ -169,7 +173,8 @@ impl<'a> Node<'a> {
             "daemonSocket": self.path("run/plexus.sock"),
             "kubeconfig": self.path("kubeconfig"), "cniDir": self.path("state"), "binDir": CNI_BIN,
             "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path("plexus.log"), "logToStderr": false,
-            "delegates":[flannel_like(&self.bridge.0, 71, &self.path("ipam"))]});
+            "delegates":[flannel_like(&self.bridge.0, 71, &self.path("ipam"))],
+            "nadPolicy": nad_policy_allowing(&[self.rig.dir()])});
         for (k, v) in extra.as_object().into_iter().flatten() {
             c[k] = v.clone();
         }
@@ -706,6 +711,47 @@ fn nad_changed(node: &Node<'_>) -> Result<()> {
     ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
     node.cp
         .kubectl(&["-n", "db", "delete", "net-attach-def", "mv-chg"])?;
+    Ok(())
+}
+
+/// The NAD policy in the daemon: the same ADD stages as thin mode refuse a `dataDir` outside
+/// the node's directories (code 7, nothing run, nothing written), served by the daemon.
+fn nad_policy_refusal(node: &Node<'_>) -> Result<()> {
+    let _d = node.start_daemon()?;
+    let outside = tempfile::tempdir()?;
+    let data = outside.path().join("leases");
+    let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":node.master.0,"mode":"bridge",
+        "ipam":{"type":"host-local","dataDir":data,"ranges":[[{"subnet":"10.171.9.0/24"}]]}});
+    let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+        "metadata":{"name":"mv-out","namespace":"db"},"spec":{"config":cfg.to_string()}});
+    node.cp.apply(&nad.to_string())?;
+    let uid = node.pod_with("d9", "mv-out")?;
+    wait_cached(node, "d9");
+    let ns = Netns::new();
+    let r = node.call("ADD", "d9", &uid, &ns.path(), &json!({}));
+    let del = node.call("DEL", "d9", &uid, &ns.path(), &json!({}));
+    let e = r.err().clone();
+    let msg = e["msg"].as_str().unwrap_or("");
+    ensure!(
+        e["code"] == 7
+            && msg.contains("pod db/d9")
+            && msg.contains("ipam.dataDir")
+            && msg.contains("NAD policy"),
+        "{e}"
+    );
+    ensure!(!data.exists(), "host-local ran: {}", data.display());
+    ensure!(ns.links() == ["lo"], "links {:?}", ns.links());
+    let log = std::fs::read_to_string(node.path("daemon.log")).unwrap_or_default();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("ADD done") && l.contains("cid-d9")),
+        "not served by the daemon: {}",
+        daemon_log_tail(node)
+    );
+    ensure!(del.code == 0, "DEL: {}", del.out);
+    ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    node.cp
+        .kubectl(&["-n", "db", "delete", "net-attach-def", "mv-out"])?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -59,7 +59,8 @@ impl Node {
         let mut c = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","kubeconfig":self.p("kubeconfig"),
             "cniDir":self.p("state"),"binDir":self.p("bin"),"logFile":self.p("plexus.log"),"logLevel":"debug",
             "logToStderr":false,"delegateTimeoutSeconds":2,"podTimeoutMs":1500,
-            "delegates":[flannel_like(&self.bridge.0, self.octet, &self.p("ipam"))]});
+            "delegates":[flannel_like(&self.bridge.0, self.octet, &self.p("ipam"))],
+            "nadPolicy":nad_policy_allowing(&[self.dir.path()])});
         for (k, v) in extra.as_object().into_iter().flatten() {
             c[k] = v.clone();
         }

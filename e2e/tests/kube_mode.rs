@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -53,7 +53,8 @@ impl Node {
         let mut c = json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
             "kubeconfig": self.path("kubeconfig"), "cniDir": self.path("state"), "binDir": CNI_BIN,
             "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path("plexus.log"), "logToStderr": false,
-            "delegates":[flannel_like(&self.bridge.0, self.octet, &self.path("ipam"))]});
+            "delegates":[flannel_like(&self.bridge.0, self.octet, &self.path("ipam"))],
+            "nadPolicy": nad_policy_allowing(&[self.dir.path()])});
         for (k, v) in self.extra.as_object().unwrap() {
             c[k] = v.clone();
         }

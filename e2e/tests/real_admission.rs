@@ -2,17 +2,22 @@
 //! (a ValidatingAdmissionPolicy) lets plexus' ServiceAccount, with a token bound to its pod on
 //! one node, write the status of pods on that node, events it reports as that node and the
 //! status of claims allocated there, and nothing of another node; a token bound to no pod can
-//! write none of them. plexus itself runs end to end under the policy. Skipped (and passing)
-//! without `PLEXUS_K8S_BIN`.
+//! write none of them. plexus itself runs end to end under the policy. And
+//! `deploy/admission/nad-policy.yaml` (a ValidatingAdmissionPolicy with the ConfigMap
+//! `kube-system/plexus-nad-policy` as parameters) refuses NADs naming host interfaces, VLANs,
+//! devices, device resources or host paths their namespace was not given, with a message naming
+//! the key, the value and what is allowed. Skipped (and passing) without `PLEXUS_K8S_BIN`.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use common::raw_api::{answer, kube_client};
 use common::*;
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::rig::{plexus_kubeconfig, PlexusToken, Rig};
 use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, Suite};
 use serde_json::{json, Value};
@@ -20,6 +25,9 @@ use serde_json::{json, Value};
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 const OTHER_NODE: &str = "other-node";
+const RESOURCE_NAME: &str = "k8s.v1.cni.cncf.io/resourceName";
+/// The NAD policy's parameters (deploy/admission/nad-policy.yaml's paramRef).
+const POLICY_CM: &str = "/api/v1/namespaces/kube-system/configmaps/plexus-nad-policy";
 
 fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
@@ -39,6 +47,20 @@ fn main() -> ExitCode {
     });
     suite.case("manifests_in_the_docs_and_examples_are_accepted", || {
         doc_manifests(&rig)
+    });
+    suite.case(
+        "nad_policy_refuses_what_the_namespace_was_not_given",
+        || nad_policy_refuses(&rig),
+    );
+    suite.case("nad_policy_allows_what_the_namespace_was_given", || {
+        nad_policy_allows(&rig)
+    });
+    suite.case("nad_policy_reads_the_shipped_example_configmap", || {
+        nad_policy_example_configmap(&rig)
+    });
+    // Last: it deletes and re-creates the ConfigMap.
+    suite.case("nad_policy_without_its_configmap_allows_everything", || {
+        nad_policy_without_configmap(&rig)
     });
     drop(rig);
     suite.finish()
@@ -73,8 +95,10 @@ impl<'a> AdmissionRig<'a> {
                 "rbac.yaml",
                 "rbac-dra.yaml",
                 "admission/node-restriction.yaml",
+                "admission/nad-policy.yaml",
+                "admission/nad-policy-configmap.yaml",
             ])
-            .namespaces(&["bank"])
+            .namespaces(&["bank", "dev"])
             .node_objects(&[node.as_str(), OTHER_NODE])
             .plexus_token(PlexusToken::BoundToPod {
                 node: node.clone(),
@@ -89,6 +113,11 @@ impl<'a> AdmissionRig<'a> {
             master: HostLink::veth_master(),
             node,
         };
+        // The shipped example ConfigMap is in effect: bank may use ens1f0 and br-bank only.
+        rig.wait_for_policy("the example ConfigMap", Some("allowed: ens1f0, br-bank ("))?;
+        // This tier's own: what `mv` below, the docs and the examples need.
+        cp.apply(&rig.policy_configmap().to_string())?;
+        rig.wait_for_policy("this tier's ConfigMap", None)?;
         let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
             "metadata":{"name":"mv","namespace":"bank"},
             "spec":{"config":json!({"cniVersion":"1.0.0","type":"macvlan","master":rig.master.0,"mode":"bridge",
@@ -99,6 +128,52 @@ impl<'a> AdmissionRig<'a> {
 
     fn p(&self, s: &str) -> PathBuf {
         self.rig.path(s)
+    }
+
+    /// The NAD policy's parameters for this tier: the shipped example's allowances for bank,
+    /// plus the veth master and the data directory (in the rig's directory) of the `mv` NAD,
+    /// the resources docs/sriov.md's bank NAD names, and anything for the `default` namespace
+    /// (the docs' and the examples' NADs).
+    fn policy_configmap(&self) -> Value {
+        json!({"apiVersion":"v1","kind":"ConfigMap",
+        "metadata":{"name":"plexus-nad-policy","namespace":"kube-system"},
+        "data":{
+            "bank.interfaces": format!("ens1f0, br-bank, {}", self.master.0),
+            "bank.vlans": "100, 200-209",
+            "bank.resourceNames": "intel.com/bank_vf, intel.com/sriov_*",
+            "default.interfaces": "*",
+            "default.vlans": "*",
+            "default.resourceNames": "*",
+            "default.devices": "*",
+            "paths.data": format!("/var/lib/cni/networks, {}", self.rig.dir().display()),
+        }})
+    }
+
+    /// Wait until the NAD policy is in effect with the ConfigMap a case just applied: a bank
+    /// NAD on an interface no ConfigMap gives is refused (with `refusal` in the message, when
+    /// given) and, for this tier's ConfigMap (`refusal` None), one on the veth master allowed.
+    /// Policies and their parameters reach admission through informers, a moment after the
+    /// write.
+    fn wait_for_policy(&self, what: &str, refusal: Option<&str>) -> Result<()> {
+        let bad = nad(
+            "bank",
+            "probe",
+            &json!({"type":"macvlan","master":"probe-eth9"}).to_string(),
+            None,
+        );
+        let good = nad(
+            "bank",
+            "probe",
+            &json!({"type":"macvlan","master":self.master.0}).to_string(),
+            None,
+        );
+        wait_until(&format!("the NAD policy in effect with {what}"), || {
+            let refused = match dry_run(self.cp, &bad) {
+                Ok(()) => return Ok(false),
+                Err(e) => e.contains(refusal.unwrap_or("\"probe-eth9\"")),
+            };
+            Ok(refused && (refusal.is_some() || dry_run(self.cp, &good).is_ok()))
+        })
     }
 
     fn pod(&self, name: &str, node: &str) -> Result<String> {
@@ -117,6 +192,7 @@ impl<'a> AdmissionRig<'a> {
     fn plexus(&self, cmd: &str, pod: &str, uid: &str, netns: &str) -> Run {
         let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","kubeconfig":self.p("kubeconfig"),
             "cniDir":self.p("state"),"binDir":CNI_BIN,"logFile":self.p("plexus.log"),"logLevel":"debug","logToStderr":false,
+            "nadPolicy":nad_policy_allowing(&[self.rig.dir()]),
             "delegates":[flannel_like(&self.bridge.0, 72, &self.p("ipam"))]});
         let args =
             format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bank;K8S_POD_NAME={pod};K8S_POD_UID={uid}");
@@ -275,6 +351,293 @@ fn doc_manifests(rig: &AdmissionRig<'_>) -> Result<()> {
         rig.cp
             .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(yaml))
             .with_context(|| format!("{what} is refused"))?;
+    }
+    Ok(())
+}
+
+/// A NetworkAttachmentDefinition `ns/name` with `config`, and the resourceName annotation.
+fn nad(ns: &str, name: &str, config: &str, resource: Option<&str>) -> Value {
+    let mut meta = json!({"name":name,"namespace":ns});
+    if let Some(r) = resource {
+        meta["annotations"] = json!({RESOURCE_NAME: r});
+    }
+    json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+        "metadata":meta,"spec":{"config":config}})
+}
+
+/// `kubectl apply` of a NAD, as its namespace's user would: the error is kubectl's (the API
+/// server's answer).
+fn apply_nad(cp: &ControlPlane, nad: &Value) -> std::result::Result<(), String> {
+    cp.apply(&nad.to_string())
+        .map(drop)
+        .map_err(|e| format!("{e:#}"))
+}
+
+/// The same through admission without storing it.
+fn dry_run(cp: &ControlPlane, nad: &Value) -> std::result::Result<(), String> {
+    cp.kubectl_stdin(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&nad.to_string()),
+    )
+    .map(drop)
+    .map_err(|e| format!("{e:#}"))
+}
+
+fn nad_path(ns: &str, name: &str) -> String {
+    format!("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}")
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if f()? {
+            return Ok(());
+        }
+        ensure!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `(what, namespace, config, resourceName, what the refusal must say)`
+type Refused<'a> = (&'a str, &'a str, Value, Option<&'a str>, Vec<&'a str>);
+
+fn nad_policy_refuses(rig: &AdmissionRig<'_>) -> Result<()> {
+    let macvlan = |master: &str| json!({"cniVersion":"1.0.0","type":"macvlan","master":master,"mode":"bridge"});
+    let with_ipam = |ipam: Value| {
+        let mut c = macvlan("ens1f0");
+        c["ipam"] = ipam;
+        c
+    };
+    let bank_ifaces = format!("allowed: ens1f0, br-bank, {} (keys bank.interfaces, _all.interfaces of ConfigMap kube-system/plexus-nad-policy)", rig.master.0);
+    let cases: Vec<Refused<'_>> = vec![
+        ("an interface bank was not given", "bank", macvlan("eth0"), None,
+            vec!["host interface not allowed in namespace bank", "\"master\": \"eth0\"", &bank_ifaces]),
+        ("an interface in a namespace given nothing", "dev", macvlan("ens1f0"), None,
+            vec!["NetworkAttachmentDefinition dev/", "\"master\": \"ens1f0\"", "allowed: (none) (keys dev.interfaces, _all.interfaces"]),
+        ("a VLAN outside the ranges", "bank",
+            json!({"cniVersion":"1.0.0","type":"bridge","bridge":"br-bank","vlan":210}), None,
+            vec!["VLAN not allowed in namespace bank", "\"vlan\": 210", "allowed: 100, 200-209 (keys bank.vlans, _all.vlans"]),
+        ("a quoted VLAN", "bank",
+            json!({"cniVersion":"1.0.0","type":"sriov","vlanId":"4000"}), Some("intel.com/bank_vf"),
+            vec!["\"vlanId\": \"4000\"", "allowed: 100, 200-209"]),
+        ("a VLAN trunk without *", "bank",
+            json!({"cniVersion":"1.0.0","type":"bridge","bridge":"br-bank","vlanTrunk":[{"minID":200,"maxID":201}]}), None,
+            vec!["\"vlanTrunk\" needs \"*\"", "bank.vlans"]),
+        ("host-local's dataDir in /etc", "bank",
+            with_ipam(json!({"type":"host-local","dataDir":"/etc/ceo-nad-datadir","ranges":[[{"subnet":"10.9.0.0/24"}]]})), None,
+            vec!["host path not allowed", "\"dataDir\": \"/etc/ceo-nad-datadir\" is outside the data directories",
+                 "(key paths.data of ConfigMap kube-system/plexus-nad-policy)", "/var/lib/cni/networks"]),
+        ("whereabouts reading the kubelet's credentials", "bank",
+            with_ipam(json!({"type":"whereabouts","range":"10.9.0.0/24","kubernetes":{"kubeconfig":"/etc/kubernetes/kubelet.conf"}})), None,
+            vec!["\"kubeconfig\": \"/etc/kubernetes/kubelet.conf\" is outside the config directories",
+                 "allowed: /etc/cni/net.d/whereabouts.d and below (key paths.config"]),
+        ("a log file climbing out of its directory", "bank",
+            with_ipam(json!({"type":"whereabouts","range":"10.9.0.0/24","log_file":"/var/log/cni/../../../etc/x"})), None,
+            vec!["\"log_file\": \"/var/log/cni/../../../etc/x\" has a \"..\" component",
+                 "allowed: /var/log/cni, /var/log/plexus-sriov and below (key paths.logs"]),
+        // The last of two keys wins in JSON: the node would take eth0, the regexes see ens1f0.
+        ("a \\u escape hiding \"master\"", "bank",
+            Value::String(r#"{"cniVersion":"1.0.0","type":"macvlan","master":"ens1f0","m\u0061ster":"eth0"}"#.into()), None,
+            vec!["spec.config has a JSON \\u escape, which could hide a key or a value"]),
+        ("a macvlan on the node's default-route interface", "bank",
+            json!({"cniVersion":"1.0.0","type":"macvlan","mode":"bridge"}), None,
+            vec!["a macvlan or ipvlan without \"master\"", "only \"*\" allows", "bank.interfaces"]),
+        ("a device resource bank was not given", "bank",
+            json!({"cniVersion":"1.0.0","type":"sriov","vlan":205}), Some("intel.com/other_vf"),
+            vec!["device resource not allowed in namespace bank", "resourceName \"intel.com/other_vf\"",
+                 "allowed: intel.com/bank_vf, intel.com/sriov_* (keys bank.resourceNames, _all.resourceNames"]),
+        ("a PCI device bank was not given", "bank",
+            json!({"cniVersion":"1.0.0","type":"sriov","deviceID":"0000:af:06.1","vlan":205}), None,
+            vec!["host device not allowed in namespace bank", "\"deviceID\": \"0000:af:06.1\"", "allowed: (none) (keys bank.devices"]),
+    ];
+    let mut failures = Vec::new();
+    for (i, (what, ns, config, resource, needles)) in cases.into_iter().enumerate() {
+        let config = match config {
+            Value::String(s) => s,
+            v => v.to_string(),
+        };
+        let name = format!("refused-{i}");
+        let got = apply_nad(rig.cp, &nad(ns, &name, &config, resource));
+        let (code, _) = rig.cp.get(&nad_path(ns, &name))?;
+        match got {
+            Ok(()) => failures.push(format!("{what}: admitted ({config})")),
+            Err(e) => {
+                let missing: Vec<&&str> = needles
+                    .iter()
+                    .chain(&[
+                        "(Forbidden)",
+                        "ValidatingAdmissionPolicy 'plexus-nad-policy'",
+                    ])
+                    .filter(|n| !e.contains(**n))
+                    .collect();
+                if !missing.is_empty() {
+                    failures.push(format!("{what}: the refusal does not say {missing:?}: {e}"));
+                }
+            }
+        }
+        if code != 404 {
+            failures.push(format!("{what}: {ns}/{name} exists (GET: {code})"));
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+fn nad_policy_allows(rig: &AdmissionRig<'_>) -> Result<()> {
+    let cases: Vec<(&str, &str, String, Option<&str>)> = vec![
+        ("bank's uplink, a VLAN in range, host-local's default dataDir", "bank",
+            json!({"cniVersion":"1.0.0","type":"macvlan","master":"ens1f0","mode":"bridge","vlan":205,
+                "ipam":{"type":"host-local","dataDir":"/var/lib/cni/networks","ranges":[[{"subnet":"10.9.0.0/24"}]]}}).to_string(), None),
+        ("whereabouts' own kubeconfig and log", "bank",
+            json!({"cniVersion":"1.0.0","plugins":[{"type":"bridge","bridge":"br-bank","vlan":0,
+                "ipam":{"type":"whereabouts","range":"10.9.0.0/24","log_file":"/var/log/cni/whereabouts.log",
+                    "kubernetes":{"kubeconfig":"/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}}},
+                {"type":"tuning","sysctl":{"net.ipv4.conf.all.log_martians":"1"}}]}).to_string(), None),
+        ("bank's VF pool with a VLAN", "bank",
+            json!({"cniVersion":"1.0.0","type":"sriov","vlan":100,"ipam":{"type":"static"}}).to_string(), Some("intel.com/bank_vf")),
+        ("an empty config", "dev", String::new(), None),
+        ("a config naming nothing on the host", "dev",
+            json!({"cniVersion":"1.0.0","type":"bridge","isGateway":false}).to_string(), None),
+        ("anything in kube-system", "kube-system",
+            json!({"cniVersion":"1.0.0","type":"macvlan","master":"eth0","vlanTrunk":[{"id":5}],
+                "ipam":{"type":"host-local","dataDir":"/etc/ceo-nad-datadir"}}).to_string(), Some("intel.com/any")),
+    ];
+    let mut failures = Vec::new();
+    for (i, (what, ns, config, resource)) in cases.iter().enumerate() {
+        let name = format!("allowed-{i}");
+        match apply_nad(rig.cp, &nad(ns, &name, config, *resource)) {
+            Ok(()) => {
+                let (code, body) = rig.cp.get(&nad_path(ns, &name))?;
+                if code != 200 {
+                    failures.push(format!("{what}: GET {ns}/{name}: {code} {body}"));
+                }
+                // An unchanged config with a new label is an UPDATE the policy also admits.
+                let label = ["label", "nad", &name, "-n", ns, "checked=yes"];
+                if let Err(e) = rig.cp.kubectl(&label) {
+                    failures.push(format!("{what}: label: {e:#}"));
+                }
+                rig.cp.kubectl(&["delete", "nad", &name, "-n", ns])?;
+            }
+            Err(e) => failures.push(format!("{what}: refused: {e}")),
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+/// deploy/admission/nad-policy-configmap.yaml loads and the policy reads it as it says: bank
+/// may use ens1f0, br-bank, VLANs 100 and 200-209, intel.com/bank_vf, and nothing else; another
+/// namespace nothing.
+fn nad_policy_example_configmap(rig: &AdmissionRig<'_>) -> Result<()> {
+    rig.cp
+        .apply_file(&repo("deploy/admission/nad-policy-configmap.yaml"))?;
+    let checked = (|| -> Result<()> {
+        rig.wait_for_policy("the example ConfigMap", Some("allowed: ens1f0, br-bank ("))?;
+        let cm = rig.cp.get_json(POLICY_CM)?;
+        ensure!(
+            cm["data"]["bank.vlans"] == "100, 200-209"
+                && cm["data"].as_object().is_some_and(|d| d.len() == 3),
+            "the example's data: {}",
+            cm["data"]
+        );
+        let ok = [
+            (
+                "bank",
+                json!({"cniVersion":"1.0.0","type":"macvlan","master":"ens1f0","vlan":200,
+                "ipam":{"type":"host-local","dataDir":"/var/lib/cni/networks/bank"}}),
+                None,
+            ),
+            (
+                "bank",
+                json!({"cniVersion":"1.0.0","type":"bridge","bridge":"br-bank","vlan":"209"}),
+                None,
+            ),
+            (
+                "bank",
+                json!({"cniVersion":"1.0.0","type":"sriov","vlan":100}),
+                Some("intel.com/bank_vf"),
+            ),
+        ];
+        for (ns, config, resource) in ok {
+            dry_run(rig.cp, &nad(ns, "example", &config.to_string(), resource))
+                .map_err(|e| anyhow::anyhow!("{config} refused: {e}"))?;
+        }
+        let refused = [
+            ("bank", json!({"cniVersion":"1.0.0","type":"macvlan","master":"ens1f1"}), None,
+                "\"master\": \"ens1f1\"; allowed: ens1f0, br-bank (keys bank.interfaces"),
+            ("bank", json!({"cniVersion":"1.0.0","type":"bridge","bridge":"br-bank","vlan":101}), None,
+                "\"vlan\": 101; allowed: 100, 200-209 (keys bank.vlans"),
+            ("bank", json!({"cniVersion":"1.0.0","type":"sriov"}), Some("intel.com/shared_vf"),
+                "resourceName \"intel.com/shared_vf\"; allowed: intel.com/bank_vf (keys bank.resourceNames"),
+            ("bank", json!({"cniVersion":"1.0.0","type":"bridge","bridge":"br-bank",
+                "ipam":{"type":"host-local","dataDir":"/var/lib/cni/networks-other"}}), None,
+                "is outside the data directories; allowed: /var/lib/cni/networks and below"),
+            ("dev", json!({"cniVersion":"1.0.0","type":"bridge","bridge":"br-bank"}), None,
+                "\"bridge\": \"br-bank\"; allowed: (none) (keys dev.interfaces"),
+        ];
+        for (ns, config, resource, needle) in refused {
+            match dry_run(rig.cp, &nad(ns, "example", &config.to_string(), resource)) {
+                Ok(()) => anyhow::bail!("{ns}: {config} admitted"),
+                Err(e) => ensure!(
+                    e.contains(needle),
+                    "{ns}: {config}: want {needle:?}, got {e}"
+                ),
+            }
+        }
+        Ok(())
+    })();
+    rig.cp.apply(&rig.policy_configmap().to_string())?;
+    rig.wait_for_policy("this tier's ConfigMap again", None)?;
+    checked
+}
+
+/// Without the ConfigMap the policy is not in use: every NAD is admitted, as before it was
+/// installed. With it back, a NAD admitted meanwhile can still be labelled (its config
+/// unchanged), but not changed unless the result is allowed.
+fn nad_policy_without_configmap(rig: &AdmissionRig<'_>) -> Result<()> {
+    let bad = json!({"cniVersion":"1.0.0","type":"macvlan","master":"eth0","vlan":4000,
+        "ipam":{"type":"host-local","dataDir":"/etc/ceo-nad-datadir"}})
+    .to_string();
+    rig.cp.kubectl(&[
+        "delete",
+        "configmap",
+        "plexus-nad-policy",
+        "-n",
+        "kube-system",
+    ])?;
+    let checked = (|| -> Result<()> {
+        let probe = nad("dev", "probe", &bad, Some("intel.com/any"));
+        wait_until("the NAD policy without its ConfigMap", || {
+            Ok(dry_run(rig.cp, &probe).is_ok())
+        })?;
+        for ns in ["bank", "dev"] {
+            apply_nad(rig.cp, &nad(ns, "unchecked", &bad, Some("intel.com/any")))
+                .map_err(|e| anyhow::anyhow!("{ns}: refused without the ConfigMap: {e}"))?;
+        }
+        Ok(())
+    })();
+    rig.cp.apply(&rig.policy_configmap().to_string())?;
+    rig.wait_for_policy("this tier's ConfigMap, re-created", None)?;
+    checked?;
+    rig.cp
+        .kubectl(&["label", "nad", "unchecked", "-n", "bank", "seen=yes"])
+        .context("a label on a NAD admitted without the ConfigMap")?;
+    let changed = nad(
+        "bank",
+        "unchecked",
+        &json!({"cniVersion":"1.0.0","type":"macvlan","master":"eth0","vlan":4000}).to_string(),
+        Some("intel.com/any"),
+    );
+    let e = apply_nad(rig.cp, &changed).err().unwrap_or_default();
+    ensure!(
+        e.contains("\"master\": \"eth0\"") && e.contains("bank.interfaces"),
+        "a changed config is checked again: {e}"
+    );
+    for ns in ["bank", "dev"] {
+        rig.cp.kubectl(&["delete", "nad", "unchecked", "-n", ns])?;
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use anyhow::{ensure, Context, Result};
 use common::raw_api::{answer, kube_client};
 use common::*;
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{
     control_plane_or_skip, metrics, setup_or_report, ControlPlane, RequestCounts, RequestKey, Suite,
@@ -137,6 +138,7 @@ impl<'a> Node<'a> {
         let mut c = json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
             "kubeconfig": self.path("kubeconfig"), "cniDir": self.path("state"), "binDir": CNI_BIN,
             "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path("plexus.log"), "logToStderr": false,
+            "nadPolicy": nad_policy_allowing(&[self.rig.dir()]),
             "delegates":[flannel_like(&self.bridge.0, self.octet, &self.path("ipam"))]});
         for (k, v) in extra.as_object().into_iter().flatten() {
             c[k] = v.clone();

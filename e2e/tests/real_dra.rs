@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::{ensure, Context, Result};
 use common::*;
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{control_plane_or_skip, metrics, setup_or_report, ControlPlane, Suite};
 use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
@@ -256,7 +257,8 @@ impl<'a> DraRig<'a> {
             "deviceInfoDir":self.p("devinfo"),"podResourcesSocket":self.p("no-kubelet.sock"),
             "deviceCheckpointFile":self.p("kubelet_internal_checkpoint"),
             "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":self.bridge.0,"isGateway":true,
-                "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.244.78.0/24"}]]}}]});
+                "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.244.78.0/24"}]]}}],
+            "nadPolicy":nad_policy_allowing(&[self.rig.dir()])});
         for (k, v) in extra.as_object().into_iter().flatten() {
             c[k] = v.clone();
         }

@@ -34,6 +34,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{selected_overlays, InstallSh, OverlayNode};
@@ -370,12 +371,14 @@ impl<'a> Tier<'a> {
 
     // ---------------------------------------------------------------------------- helpers
 
-    /// `PLEXUS_EXTRA_CONFIG`: the node's plans dir. No `retryDeleteOnError`, with calico
-    /// either: calico-ipam's DEL needs the API, and plexus keeps failing a DEL (so the kubelet
-    /// retries) for 5 minutes after its first failure before it may give up, so an apiserver
-    /// outage of ~20 s leaks nothing.
+    /// `PLEXUS_EXTRA_CONFIG`: the node's plans dir, and a `nadPolicy` allowing the node's IPAM
+    /// dir (the NADs' `dataDir`). No `retryDeleteOnError`, with calico either: calico-ipam's
+    /// DEL needs the API, and plexus keeps failing a DEL (so the kubelet retries) for 5 minutes
+    /// after its first failure before it may give up, so an apiserver outage of ~20 s leaks
+    /// nothing.
     fn extra_config(&self) -> Value {
-        json!({"cniDir": self.node.plexus_dir()})
+        json!({"cniDir": self.node.plexus_dir(),
+            "nadPolicy": nad_policy_allowing(&[&self.node.ipam_dir()])})
     }
 
     /// install.sh's config: `.conflist` for a 1.x primary, `.conf` for a 0.x one (flannel's
@@ -1215,7 +1218,8 @@ impl<'a> Tier<'a> {
             "cniDir": self.node.plexus_dir(), "logFile": log, "logLevel": "debug",
             "delegates":[{"type":"bridge","bridge":self.bridges[2],"isGateway":true,
                 "hairpinMode":true,"ipam":{"type":"host-local","subnet":"10.239.0.0/24",
-                "dataDir":self.node.ipam_dir()}}]});
+                "dataDir":self.node.ipam_dir()}}],
+            "nadPolicy": nad_policy_allowing(&[&self.node.ipam_dir()])});
         let path = self.node.conf_dir().join("00-multus.conf");
         // A new file written (not renamed) in: containerd sees the write and reloads.
         std::fs::write(&path, serde_json::to_vec_pretty(&conf)?)?;

@@ -38,6 +38,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
@@ -229,11 +230,12 @@ impl<'a> Tier<'a> {
     }
 
     /// What the installer adds to the config besides the DaemonSet's `PLEXUS_EXTRA_CONFIG`:
-    /// the socket and plans dir of this node (no `retryDeleteOnError`, with calico either: see
-    /// real_node).
+    /// the socket and plans dir of this node, and a `nadPolicy` allowing its IPAM dir (the
+    /// NADs' `dataDir`) (no `retryDeleteOnError`, with calico either: see real_node).
     fn extra_config(&self, mut extra: Value) -> Value {
         extra["daemonSocket"] = json!(self.socket());
         extra["cniDir"] = json!(self.node.plexus_dir());
+        extra["nadPolicy"] = nad_policy_allowing(&[&self.node.ipam_dir()]);
         extra
     }
 

@@ -29,6 +29,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{scrape_metric, DaemonOpts, PlexusDaemon};
 use plexus_e2e::realk8s::rig::{plexus_kubeconfig, ControlLoops, PlexusToken};
@@ -161,6 +162,7 @@ impl<'a> Tier<'a> {
             "kubeconfig": self.node.path("plexus.kubeconfig"),
             "cniDir": self.node.plexus_dir(),
             "logFile": self.node.path("plexus.log"),
+            "nadPolicy": nad_policy_allowing(&[&self.node.ipam_dir()]),
             "capabilities":{"io.kubernetes.cri.pod-annotations":true}});
         if daemon {
             p["daemonSocket"] = json!(self.socket());

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
 use plexus_sriov::pf_fake::{FakePfState, FilePf};
 use serde_json::{json, Value};
@@ -106,7 +106,8 @@ impl Rig {
         let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","kubeconfig":self.p("kubeconfig"),
             "cniDir":self.p("state"),"binDir":self.p("bin"),"logFile":self.p("plexus.log"),"logLevel":"debug","logToStderr":false,
             "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge","bridge":self.bridge.0,"isGateway":true,
-                "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.244.77.0/24"}]]}}]});
+                "ipam":{"type":"host-local","dataDir":self.p("ipam"),"ranges":[[{"subnet":"10.244.77.0/24"}]]}}],
+            "nadPolicy":nad_policy_allowing(&[self.dir.path()])});
         let mut conf = conf;
         for (k, v) in self.extra.as_object().unwrap() {
             conf[k] = v.clone();
@@ -467,7 +468,9 @@ fn sriov_del_with_a_corrupt_state_file_still_releases_ipam() {
 #[test]
 fn a_nad_log_file_cannot_steer_root_writes() {
     use std::os::unix::fs::PermissionsExt;
-    let rig = Rig::new();
+    // Every file below is under the rig's directory, which the node's NAD policy allows: what
+    // is checked is the delegate's own confinement to PLEXUS_SRIOV_LOG_DIR (`sriov-log`).
+    let mut rig = Rig::new();
     let dir = rig.p("sriov-log");
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -493,6 +496,20 @@ fn a_nad_log_file_cannot_steer_root_writes() {
         let pod = Netns::new();
         let name = format!("pg-log{i}");
         rig.pod(&name);
+        rig.extra = json!({});
+        if file.to_string_lossy().contains("/../") {
+            // A `..` is refused by the node's NAD policy before any delegate runs…
+            let e = rig.plexus("ADD", &name, &pod.path()).err().clone();
+            let msg = e["msg"].as_str().unwrap_or_default();
+            assert_eq!(e["code"], 7, "{e}");
+            assert!(msg.contains("logFile") && msg.contains("NAD policy"), "{e}");
+            rig.plexus("DEL", &name, &pod.path()).ok();
+            assert_eq!(pod.links(), vec!["lo"], "{}", file.display());
+            // …and the delegate refuses it without that policy too (paths only audited).
+            let mut audit = nad_policy_allowing(&[rig.dir.path()]);
+            audit["paths"]["mode"] = json!("audit");
+            rig.extra = json!({ "nadPolicy": audit });
+        }
         // The key is accepted: the attachment works either way.
         rig.plexus("ADD", &name, &pod.path()).ok();
         rig.plexus("DEL", &name, &pod.path()).ok();

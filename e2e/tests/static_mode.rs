@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use plexus_e2e::nad_policy_allowing;
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -36,7 +37,7 @@ impl Setup {
         delegates.extend(extra);
         json!({"cniVersion":version,"name":"plexus-static","type":"plexus","cniDir":self.p("state"),"binDir":self.p("bin"),
                "logFile":self.p("plexus.log"),"logLevel":"debug","logToStderr":false,"delegateTimeoutSeconds":2,
-               "delegates":delegates})
+               "delegates":delegates,"nadPolicy":nad_policy_allowing(&[self.dir.path()])})
     }
     fn script(&self, name: &str, body: &str) {
         std::fs::create_dir_all(self.p("bin")).unwrap();

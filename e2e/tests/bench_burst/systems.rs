@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::bins::find_usable;
 use plexus_e2e::realk8s::node::wait_for;
 use plexus_e2e::realk8s::{ControlPlane, Proc};
@@ -122,7 +123,8 @@ impl Layout {
         let mut c = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus",
             "kubeconfig":kubeconfig,"cniDir":node_dir.join("plexus"),
             "binDir":node_dir.join("cni/bin"),"logLevel":"error",
-            "delegates":[self.default_network()]});
+            "delegates":[self.default_network()],
+            "nadPolicy":nad_policy_allowing(&[&self.dir])});
         if daemon {
             c["type"] = json!("plexus-shim");
             c["daemonSocket"] = json!(self.path("plexus.sock"));

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::cases::{bank_settings, MAC};
 use crate::common::{bin, run, Call, HostLink, Netns, Run};
 use crate::guest::{Case, T};
-use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 
 /// The cases of this module, in run order.
 pub const CASES: &[Case] = &[
@@ -74,7 +74,8 @@ impl<'t, 'a> Rig<'t, 'a> {
         json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","kubeconfig":p("kubeconfig"),
             "cniDir":p("plexus"),"binDir":sriov_dir(),"logFile":p("plexus.log"),"logLevel":"debug",
             "deviceCheckpointFile":p("checkpoint"),"podResourcesSocket":p("no-kubelet.sock"),
-            "delegates":[default_net(&self.bridge.0, &p("ipam"))]})
+            "delegates":[default_net(&self.bridge.0, &p("ipam"))],
+            "nadPolicy":nad_policy_allowing(&[&self.t.dir.0])})
     }
 
     fn plexus(&self, cmd: &str, netns: &str) -> Run {
@@ -169,7 +170,8 @@ fn static_mode(t: &T<'_>) {
     sriov["name"] = json!("sriov-data");
     let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus",
         "cniDir":t.dir.p("plexus"),"binDir":sriov_dir(),"logFile":t.dir.p("plexus.log"),
-        "delegates":[default_net(&bridge.0, &t.dir.p("ipam")), sriov]});
+        "delegates":[default_net(&bridge.0, &t.dir.p("ipam")), sriov],
+        "nadPolicy":nad_policy_allowing(&[&t.dir.0])});
     let pod = Netns::new();
     let res = plexus(t, &conf, "ADD", "cid-static", &pod.path(), "")
         .ok()

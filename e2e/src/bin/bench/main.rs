@@ -18,7 +18,7 @@
 mod peers;
 mod real_api;
 
-use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
+use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -170,7 +170,8 @@ fn static_mode(plexus: &Path, cni_bin: &Path, n: usize) {
         }
         direct_del.push(t.elapsed());
         let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
-                          "logLevel":"error","logToStderr":false,"delegates":e.delegates()});
+                          "logLevel":"error","logToStderr":false,"delegates":e.delegates(),
+                          "nadPolicy":nad_policy_allowing(&[e.dir.path()])});
         let cid = format!("bench-plexus-{i}");
         let env = |cmd: &'static str| plexus_env(cmd, &cid, &netns, &cni_path, "");
         let t = Instant::now();
@@ -214,7 +215,8 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
     api.put_nad("db", "data", &d[1].to_string(), &[]).unwrap();
     api.put_nad("db", "ptpnet", &d[2].to_string(), &[]).unwrap();
     let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
-                      "kubeconfig":e.path("kubeconfig"),"logLevel":"error","logToStderr":false,"delegates":[d[0]]});
+                      "kubeconfig":e.path("kubeconfig"),"logLevel":"error","logToStderr":false,"delegates":[d[0]],
+                      "nadPolicy":nad_policy_allowing(&[e.dir.path()])});
     for (label, ann) in [
         ("0 extra networks", ""),
         ("2 extra networks", "data,ptpnet"),
@@ -298,7 +300,8 @@ fn daemon_mode(plexus: &Path, cni_bin: &Path, n: usize) {
     let netns = format!("/run/netns/{}", e.netns);
     let cni_path = cni_bin.display().to_string();
     let thin = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":cni_path,
-                      "logLevel":"error","logToStderr":false,"delegates":e.delegates()});
+                      "logLevel":"error","logToStderr":false,"delegates":e.delegates(),
+                      "nadPolicy":nad_policy_allowing(&[e.dir.path()])});
     let mut daemon = thin.clone();
     daemon["daemonSocket"] = json!(e.path("run/plexus.sock"));
     let (mut ta, mut td, mut da, mut dd) = (vec![], vec![], vec![], vec![]);
@@ -469,7 +472,8 @@ fn memory(plexus: &Path) {
         "spec":{"containers":[{"name":"c","image":"x"}]}})).unwrap();
     let conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),"binDir":bin,
         "kubeconfig":e.path("kubeconfig"),"logLevel":"error","logToStderr":false,
-        "delegates":[{"cniVersion":"1.0.0","name":"noopnet","type":"noop"}]});
+        "delegates":[{"cniVersion":"1.0.0","name":"noopnet","type":"noop"}],
+        "nadPolicy":nad_policy_allowing(&[e.dir.path()])});
     let netns = format!("/run/netns/{}", e.netns);
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=mem;K8S_POD_UID=u-mem";
     let mut peaks = Vec::new();

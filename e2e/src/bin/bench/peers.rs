@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::{bins::find_usable, metrics, ControlPlane, K8sBins, RequestCounts};
 use serde_json::{json, Value};
 
@@ -163,12 +164,17 @@ impl Peers {
         Ok((pod, uid))
     }
 
-    /// A thin config of `type` (its own state dir and kubeconfig), logging errors only.
+    /// A thin config of `type` (its own state dir and kubeconfig), logging errors only; plexus'
+    /// with a `nadPolicy` allowing the bench's directory (the NAD's leases are there).
     fn thin(&self, type_: &str, kubeconfig: &str) -> Value {
-        json!({"cniVersion":"1.0.0","name":"bench","type":type_,
+        let mut c = json!({"cniVersion":"1.0.0","name":"bench","type":type_,
             "kubeconfig":self.e.path(kubeconfig),"cniDir":self.e.path(&format!("{type_}-state")),
             "binDir":self.cni_bin,"logLevel":"error","logToStderr":false,
-            "delegates":[self.e.delegates()[0]]})
+            "delegates":[self.e.delegates()[0]]});
+        if type_.starts_with("plexus") {
+            c["nadPolicy"] = nad_policy_allowing(&[self.e.dir.path()]);
+        }
+        c
     }
 
     /// `plexus-daemon` on its own socket (`name`), watching the node's pods; it logs at info

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::{ControlPlane, K8sBins};
 use serde_json::{json, Value};
 
@@ -204,7 +205,8 @@ impl Bench {
         let e = &self.e;
         let mut conf = json!({"cniVersion":"1.0.0","name":"plexus","type":"plexus","cniDir":e.path("state"),
             "binDir":self.cni_bin,"kubeconfig":e.path("kubeconfig"),"logLevel":"info","logFile":log,
-            "logToStderr":false,"delegates":[e.delegates()[0]]});
+            "logToStderr":false,"delegates":[e.delegates()[0]],
+            "nadPolicy":nad_policy_allowing(&[e.dir.path()])});
         if runtime_annotations {
             conf["runtimeConfig"] = json!({"io.kubernetes.cri.pod-annotations":
                 {"k8s.v1.cni.cncf.io/networks":"data"}});
