@@ -218,6 +218,30 @@ impl<'a> Node<'a> {
             .collect())
     }
 
+    /// Two pods of `bank` on NAD `nad` under `policy`: both attached, `net1` of the second in
+    /// `subnet`, and a ping from the first reaches it; both DELeted.
+    fn two_pods_ping(&self, tag: &str, nad: &str, subnet: &str, policy: &Value) -> Result<()> {
+        let (a, b) = (Netns::new(), Netns::new());
+        let (pa, pb) = (format!("p-{tag}-a"), format!("p-{tag}-b"));
+        let args_a = self.pod("bank", &pa, nad)?;
+        let args_b = self.pod("bank", &pb, nad)?;
+        let add_a = self.call("ADD", &format!("cid-{pa}"), &a, &args_a, policy);
+        let add_b = self.call("ADD", &format!("cid-{pb}"), &b, &args_b, policy);
+        let addr_b = b.addrs("net1").first().cloned().unwrap_or_default();
+        let ping = pings(&a, bare(&addr_b));
+        self.call("DEL", &format!("cid-{pa}"), &a, &args_a, policy);
+        self.call("DEL", &format!("cid-{pb}"), &b, &args_b, policy);
+        ensure!(
+            add_a.code == 0 && add_b.code == 0,
+            "{nad}: {} {}",
+            add_a.out,
+            add_b.out
+        );
+        ensure!(addr_b.starts_with(subnet), "{nad}: net1 of b: {addr_b:?}");
+        ensure!(ping, "{nad}: no ping from a to b over net1 ({addr_b})");
+        Ok(())
+    }
+
     /// plexus state files left (lock files aside).
     fn state_left(&self) -> Vec<String> {
         files_under(&self.path("state"))
@@ -363,23 +387,7 @@ fn data_dir(node: &Node<'_>) -> Result<()> {
             Node::host_local(&node.path("allowed/data"), "10.173.2.0/24"),
         ),
     )?;
-    let (a, b) = (Netns::new(), Netns::new());
-    let args_a = node.pod("bank", "p-hl-a", "hl-in")?;
-    let args_b = node.pod("bank", "p-hl-b", "hl-in")?;
-    let add_a = node.call("ADD", "cid-hl-a", &a, &args_a, &policy);
-    let add_b = node.call("ADD", "cid-hl-b", &b, &args_b, &policy);
-    let addr_b = b.addrs("net1").first().cloned().unwrap_or_default();
-    let ping = pings(&a, bare(&addr_b));
-    node.call("DEL", "cid-hl-a", &a, &args_a, &policy);
-    node.call("DEL", "cid-hl-b", &b, &args_b, &policy);
-    ensure!(
-        add_a.code == 0 && add_b.code == 0,
-        "{} {}",
-        add_a.out,
-        add_b.out
-    );
-    ensure!(addr_b.starts_with("10.173.2."), "net1 of b: {addr_b:?}");
-    ensure!(ping, "no ping from a to b over net1 ({addr_b})");
+    node.two_pods_ping("hl", "hl-in", "10.173.2.", &policy)?;
     let leases: Vec<String> = files_under(&node.path("allowed/data"))
         .into_iter()
         .filter(|f| f.contains("10.173.2."))
@@ -552,23 +560,7 @@ fn host_resources(node: &Node<'_>) -> Result<()> {
         "the bridge was created for a refused NAD"
     );
     // Within the allowance: attached, and the packets cross.
-    let (a, b) = (Netns::new(), Netns::new());
-    let args_a = node.pod("bank", "p-mv-given-a", "mv-given")?;
-    let args_b = node.pod("bank", "p-mv-given-b", "mv-given")?;
-    let add_a = node.call("ADD", "cid-mv-given-a", &a, &args_a, &enforce);
-    let add_b = node.call("ADD", "cid-mv-given-b", &b, &args_b, &enforce);
-    let addr_b = b.addrs("net1").first().cloned().unwrap_or_default();
-    let ping = pings(&a, bare(&addr_b));
-    node.call("DEL", "cid-mv-given-a", &a, &args_a, &enforce);
-    node.call("DEL", "cid-mv-given-b", &b, &args_b, &enforce);
-    ensure!(
-        add_a.code == 0 && add_b.code == 0,
-        "{} {}",
-        add_a.out,
-        add_b.out
-    );
-    ensure!(addr_b.starts_with("10.175.2."), "net1 of b: {addr_b:?}");
-    ensure!(ping, "no ping over net1 to {addr_b}");
+    node.two_pods_ping("mv-given", "mv-given", "10.175.2.", &enforce)?;
     // A VLAN within the allowance passes the policy and reaches the bridge plugin. (This
     // kernel has no bridge VLAN filtering or 8021q: where it has, the pod is attached; the VM
     // tier carries VLAN traffic on VFs.)

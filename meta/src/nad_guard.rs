@@ -110,16 +110,7 @@ pub fn refusals(policy: &NadPolicy, pod_ns: Option<&str>, a: &PlannedAttachment)
 /// (`plugins[0].args` …) for [`path_refusals`].
 fn plugin_args(config: &serde_json::Value) -> serde_json::Value {
     let mut out = serde_json::Map::new();
-    let plugins: Vec<(String, &serde_json::Value)> =
-        match config.get("plugins").and_then(|p| p.as_array()) {
-            Some(ps) => ps
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (format!("plugins[{i}]"), p))
-                .collect(),
-            None => vec![(String::new(), config)],
-        };
-    for (at, p) in plugins {
+    for (at, p) in plexus_conf::nad_policy::plugins(config) {
         if let Some(args) = p.get("args") {
             let key = if at.is_empty() {
                 "args".to_string()

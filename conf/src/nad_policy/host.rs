@@ -65,16 +65,8 @@ const DEFAULT_MASTER_PLUGINS: &[&str] = &["macvlan", "ipvlan"];
 /// depth (a plugin's `delegate`, its IPAM, `args`). `skip_devices`: the plugins' top-level
 /// device keys were filled in from the kubelet's allocation (checked by resource name instead).
 pub fn find(config: &Value, skip_devices: bool) -> Vec<HostUse> {
-    let plugins: Vec<(String, &Value)> = match config.get("plugins").and_then(Value::as_array) {
-        Some(ps) => ps
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (format!("plugins[{i}]"), p))
-            .collect(),
-        None => vec![(String::new(), config)],
-    };
     let mut out = Vec::new();
-    for (at, p) in plugins {
+    for (at, p) in super::plugins(config) {
         let Some(obj) = p.as_object() else { continue };
         let ty = obj.get("type").and_then(Value::as_str).unwrap_or("");
         if DEFAULT_MASTER_PLUGINS.contains(&ty) && !obj.contains_key("master") {

@@ -15,6 +15,19 @@ use std::collections::BTreeMap;
 pub use host::{Allowances, HostKind, HostUse};
 pub use paths::{PathClass, PathValue};
 
+/// The plugins of `config` (a conflist's `plugins`, or the single config itself), each with
+/// its location prefix (`plugins[0]`, or empty).
+pub fn plugins(config: &serde_json::Value) -> Vec<(String, &serde_json::Value)> {
+    match config.get("plugins").and_then(serde_json::Value::as_array) {
+        Some(ps) => ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("plugins[{i}]"), p))
+            .collect(),
+        None => vec![(String::new(), config)],
+    }
+}
+
 /// What the policy does with a NAD that breaks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
