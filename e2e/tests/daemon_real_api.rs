@@ -725,16 +725,16 @@ fn nad_policy_refusal(node: &Node<'_>) -> Result<()> {
     let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
         "metadata":{"name":"mv-out","namespace":"db"},"spec":{"config":cfg.to_string()}});
     node.cp.apply(&nad.to_string())?;
-    let uid = node.pod_with("d9", "mv-out")?;
-    wait_cached(node, "d9");
+    let uid = node.pod_with("dpol", "mv-out")?;
+    wait_cached(node, "dpol");
     let ns = Netns::new();
-    let r = node.call("ADD", "d9", &uid, &ns.path(), &json!({}));
-    let del = node.call("DEL", "d9", &uid, &ns.path(), &json!({}));
+    let r = node.call("ADD", "dpol", &uid, &ns.path(), &json!({}));
+    let del = node.call("DEL", "dpol", &uid, &ns.path(), &json!({}));
     let e = r.err().clone();
     let msg = e["msg"].as_str().unwrap_or("");
     ensure!(
         e["code"] == 7
-            && msg.contains("pod db/d9")
+            && msg.contains("pod db/dpol")
             && msg.contains("ipam.dataDir")
             && msg.contains("NAD policy"),
         "{e}"
@@ -744,7 +744,7 @@ fn nad_policy_refusal(node: &Node<'_>) -> Result<()> {
     let log = std::fs::read_to_string(node.path("daemon.log")).unwrap_or_default();
     ensure!(
         log.lines()
-            .any(|l| l.contains("ADD done") && l.contains("cid-d9")),
+            .any(|l| l.contains("ADD done") && l.contains("cid-dpol")),
         "not served by the daemon: {}",
         daemon_log_tail(node)
     );
