@@ -750,6 +750,15 @@ fn nad_policy_refusal(node: &Node<'_>) -> Result<()> {
     );
     ensure!(del.code == 0, "DEL: {}", del.out);
     ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    // Whatever it logged (refusals, errors, its API client), never the token.
+    let kubeconfig = std::fs::read_to_string(node.path("kubeconfig"))?;
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:"))
+        .map(|t| t.trim().trim_matches('"').to_string())
+        .context("token in plexus' kubeconfig")?;
+    ensure!(token.len() > 20, "token {} bytes", token.len());
+    ensure!(!log.contains(&token), "the daemon's log carries the token");
     node.cp
         .kubectl(&["-n", "db", "delete", "net-attach-def", "mv-out"])?;
     Ok(())

@@ -349,6 +349,11 @@ fn kubeconfig_is_private_and_the_token_is_never_printed() {
     let mode = |p: &Path| fs::metadata(p).expect("meta").permissions().mode() & 0o7777;
     assert_eq!(mode(&kc), 0o600);
     assert_eq!(mode(&node.conf("plexus.d")), 0o700);
+    // The CNI config the runtime reads names the kubeconfig, never the token: world-readable.
+    let conf = node.conf("00-plexus.conflist");
+    assert_eq!(mode(&conf), 0o644);
+    let published = fs::read_to_string(&conf).expect("config");
+    assert!(!published.contains("plexus-test-token"), "{published}");
     let text = fs::read_to_string(&kc).expect("kubeconfig");
     use base64::Engine as _;
     let ca_data = base64::engine::general_purpose::STANDARD.encode(CA);

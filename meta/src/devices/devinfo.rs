@@ -92,3 +92,22 @@ pub fn remove(plan: &[PlannedAttachment]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_info_file_is_read_up_to_its_cap() {
+        let t = tempfile::tempdir().unwrap();
+        let ok = serde_json::json!({"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:af:06.1"}});
+        let small = t.path().join("small.json");
+        std::fs::write(&small, ok.to_string()).unwrap();
+        assert_eq!(read_doc(&small), Some(ok.clone()));
+        // The same document padded past the cap (whitespace is valid JSON) is not read at all.
+        let big = t.path().join("big.json");
+        let pad = " ".repeat(devinfo::MAX_FILE_SIZE as usize);
+        std::fs::write(&big, format!("{pad}{ok}")).unwrap();
+        assert_eq!(read_doc(&big), None);
+    }
+}
