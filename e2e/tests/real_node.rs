@@ -47,6 +47,10 @@ use serde_json::{json, Value};
 use api::Api;
 use pods::*;
 
+/// A check that sends packets across running pods, given each one's (name, netns), and returns
+/// the addresses that must stop answering once they are deleted.
+type Traffic<'a> = dyn Fn(&[(String, String)]) -> Result<Vec<String>> + 'a;
+
 /// Namespace of the test pods and most NADs.
 const NS: &str = "app";
 
@@ -464,6 +468,19 @@ impl<'a> Tier<'a> {
         pods: &[(String, Option<Value>)],
         check: impl Fn(&str, &[Value], &str) -> Result<()>,
     ) -> Result<(Vec<f64>, Vec<f64>)> {
+        self.run_pods_with_traffic(batch, pods, check, &|_| Ok(Vec::new()))
+    }
+
+    /// [`Self::run_pods`], and `traffic` with every pod's (name, netns) once all are Running
+    /// and checked: it sends packets across their interfaces and returns the addresses that
+    /// must stop answering once the pods are deleted (checked from the node).
+    fn run_pods_with_traffic(
+        &self,
+        batch: &str,
+        pods: &[(String, Option<Value>)],
+        check: impl Fn(&str, &[Value], &str) -> Result<()>,
+        traffic: &Traffic<'_>,
+    ) -> Result<(Vec<f64>, Vec<f64>)> {
         let manifests: Vec<Value> = pods
             .iter()
             .map(|(name, nets)| manifest(NS, name, self.node.name(), batch, nets.as_ref()))
@@ -484,6 +501,14 @@ impl<'a> Tier<'a> {
                     .err();
             }
             netns.push(ns);
+        }
+        let mut gone_after = Vec::new();
+        if failed.is_none() {
+            let all: Vec<(String, String)> = names.iter().cloned().zip(netns.clone()).collect();
+            match traffic(&all) {
+                Ok(addrs) => gone_after = addrs,
+                Err(e) => failed = Some(e.context("traffic")),
+            }
         }
         if let Some(e) = failed {
             // Leave nothing behind for the next case.
@@ -506,6 +531,11 @@ impl<'a> Tier<'a> {
             Duration::from_secs(60),
         )?;
         self.wait_clean()?;
+        let answering = answering_from_the_node(&gone_after);
+        ensure!(
+            answering.is_empty(),
+            "deleted pods' addresses still answer: {answering:?}"
+        );
         Ok((created, deleted))
     }
 
@@ -523,19 +553,57 @@ impl<'a> Tier<'a> {
             ("three-json".to_string(), Some(three_json)),
         ];
         let net = self.net;
-        self.run_pods("extra", &pods, |name, status, netns| {
-            let expected: Vec<(&str, &str)> = match name {
-                "zero" => vec![(net, "eth0")],
-                "one-comma" | "one-json" => vec![(net, "eth0"), ("app/br-a", "net1")],
-                _ => vec![
-                    (net, "eth0"),
-                    ("app/br-a", "net1"),
-                    ("app/br-b", "data0"),
-                    ("default/mv-c", "net3"),
-                ],
+        let node_ip = self.node.ip().to_string();
+        // Packets: eth0 pod <-> pod over the overlay and pod -> node; net1 pod <-> pod on the
+        // bridge NAD; net3 pod <-> pod on the macvlan NAD. Each pod's eth0 address must stop
+        // answering once it is deleted.
+        let traffic = |all: &[(String, String)]| -> Result<Vec<String>> {
+            let ns = |n: &str| -> Result<&str> {
+                all.iter()
+                    .find(|(p, _)| p == n)
+                    .map(|(_, ns)| ns.as_str())
+                    .with_context(|| format!("no pod {n}"))
             };
-            check_pod_network(status, netns, &expected)
-        })?;
+            let both_ways = |a: &str, b: &str, ifname: &str| -> Result<()> {
+                let (na, nb) = (ns(a)?, ns(b)?);
+                let (ia, ib) = (address(na, ifname)?, address(nb, ifname)?);
+                ensure!(
+                    pings(Some(na), &ib),
+                    "{a} -> {b} over {ifname} ({ib}): no answer"
+                );
+                ensure!(
+                    pings(Some(nb), &ia),
+                    "{b} -> {a} over {ifname} ({ia}): no answer"
+                );
+                Ok(())
+            };
+            both_ways("zero", "three-json", "eth0")?;
+            ensure!(
+                pings(Some(ns("zero")?), &node_ip),
+                "zero -> the node ({node_ip}): no answer"
+            );
+            both_ways("one-comma", "three-comma", "net1")?;
+            both_ways("three-comma", "three-json", "net3")?;
+            all.iter().map(|(_, n)| address(n, "eth0")).collect()
+        };
+        self.run_pods_with_traffic(
+            "extra",
+            &pods,
+            |name, status, netns| {
+                let expected: Vec<(&str, &str)> = match name {
+                    "zero" => vec![(net, "eth0")],
+                    "one-comma" | "one-json" => vec![(net, "eth0"), ("app/br-a", "net1")],
+                    _ => vec![
+                        (net, "eth0"),
+                        ("app/br-a", "net1"),
+                        ("app/br-b", "data0"),
+                        ("default/mv-c", "net3"),
+                    ],
+                };
+                check_pod_network(status, netns, &expected)
+            },
+            &traffic,
+        )?;
         // Events plexus posted were accepted by the real apiserver and are on the pods.
         for name in ["zero", "three-json"] {
             let evs = self.api.events(NS, name)?;

@@ -55,8 +55,9 @@ use serde_json::{json, Value};
 
 use api::Api;
 use pods::{
-    create_and_wait, delete_and_wait, dnat_rules, ensure_no_hostport_left, hostport_manifest,
-    ifb_links, manifest, median, network_status, wait_until_plexus_is_in_the_path,
+    address, answering_from_the_node, create_and_wait, delete_and_wait, dnat_rules,
+    ensure_no_hostport_left, hostport_manifest, ifb_links, manifest, median, network_status, pings,
+    wait_until_plexus_is_in_the_path,
 };
 
 const NS: &str = "app";
@@ -181,6 +182,8 @@ struct Tier<'a> {
     plexus: PathBuf,
     bridges: Vec<String>,
     pods: Vec<Placed>,
+    /// Pods' eth0 addresses that must stop answering once every pod is deleted.
+    addresses: Vec<String>,
     /// Every sandbox ID seen (leak checks after their pods are gone).
     seen: Vec<String>,
     /// Every pod netns path seen.
@@ -215,6 +218,7 @@ impl<'a> Tier<'a> {
             plexus: common::bin("plexus"),
             bridges,
             pods: Vec::new(),
+            addresses: Vec::new(),
             seen: Vec::new(),
             seen_netns: Vec::new(),
         })
@@ -417,6 +421,7 @@ impl<'a> Tier<'a> {
                 );
             }
         }
+        self.traffic(batch, &names)?;
         if self.daemon.is_some() {
             let served = self.metric("plexus_cni_requests_total", &["ADD", "ok"])? - before;
             ensure!(
@@ -425,6 +430,45 @@ impl<'a> Tier<'a> {
             );
         }
         // With the daemon stopped, the 4 entries above can only come from the shim's thin fallback.
+        Ok(())
+    }
+
+    /// Packets across a batch's pods (3 extra networks, none, 1): eth0 pod <-> pod over the
+    /// overlay and pod -> node, net1 pod <-> pod on the bridge NAD; their eth0 addresses are
+    /// kept for the after-delete check.
+    fn traffic(&mut self, batch: &str, names: &[String]) -> Result<()> {
+        let netns = |name: &str| -> Result<String> {
+            self.pods
+                .iter()
+                .find(|p| p.batch == batch && p.name == name)
+                .map(|p| p.netns.clone())
+                .with_context(|| format!("{name} not placed"))
+        };
+        for name in names {
+            self.addresses.push(address(&netns(name)?, "eth0")?);
+        }
+        if names.len() < 3 {
+            return Ok(());
+        }
+        let (a, b, c) = (netns(&names[0])?, netns(&names[1])?, netns(&names[2])?);
+        let pairs = [
+            (&a, &b, "eth0"),
+            (&b, &a, "eth0"),
+            (&a, &c, "net1"),
+            (&c, &a, "net1"),
+        ];
+        for (from, to, ifname) in pairs {
+            let addr = address(to, ifname)?;
+            ensure!(
+                pings(Some(from), &addr),
+                "{batch}: {from} -> {addr} over {ifname}: no answer"
+            );
+        }
+        let node_ip = self.node.ip().to_string();
+        ensure!(
+            pings(Some(&b), &node_ip),
+            "{batch}: pod -> the node ({node_ip}): no answer"
+        );
         Ok(())
     }
 
@@ -452,7 +496,13 @@ impl<'a> Tier<'a> {
         let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
             Ok(self.leftovers().is_empty())
         });
-        r.with_context(|| format!("left: {:?}", self.leftovers()))
+        r.with_context(|| format!("left: {:?}", self.leftovers()))?;
+        let answering = answering_from_the_node(&std::mem::take(&mut self.addresses));
+        ensure!(
+            answering.is_empty(),
+            "deleted pods' addresses still answer: {answering:?}"
+        );
+        Ok(())
     }
 
     /// Forget batch `batch`'s placed pods (the caller deletes them); their netns paths.

@@ -293,3 +293,45 @@ pub fn ensure_no_hostport_left(port: u16, ifb_before: &BTreeSet<String>) -> Resu
     ensure!(left.is_empty(), "ifb left: {left:?}");
     Ok(())
 }
+
+/// `ping -c 1 -W 2 addr` from inside `netns` (a path under /run/netns), or from the node's
+/// own namespace with `None`: whether an answer came back.
+pub fn pings(netns: Option<&str>, addr: &str) -> bool {
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(ns) = netns {
+        args.extend(["netns", "exec", ns.rsplit('/').next().unwrap_or(ns)]);
+    }
+    let mut cmd = if netns.is_some() {
+        Command::new("ip")
+    } else {
+        Command::new("ping")
+    };
+    if netns.is_some() {
+        cmd.args(&args).arg("ping");
+    }
+    cmd.args(["-c", "1", "-W", "2", addr])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Those of `addrs` that answer a ping from the node, all pinged at once.
+pub fn answering_from_the_node(addrs: &[String]) -> Vec<String> {
+    std::thread::scope(|s| {
+        let pinged: Vec<_> = addrs
+            .iter()
+            .map(|a| s.spawn(move || pings(None, a).then(|| a.clone())))
+            .collect();
+        pinged
+            .into_iter()
+            .filter_map(|h| h.join().ok().flatten())
+            .collect()
+    })
+}
+
+/// The first global address of `ifname` in `netns`.
+pub fn address(netns: &str, ifname: &str) -> Result<String> {
+    interfaces(netns)?
+        .remove(ifname)
+        .and_then(|i| i.ips.into_iter().next())
+        .with_context(|| format!("no address on {ifname} in {netns}"))
+}
