@@ -638,6 +638,17 @@ impl<'a> Tier<'a> {
             let dnat = dnat_rules(port);
             ensure!(!dnat.is_empty(), "no DNAT rule for hostPort {port}");
             println!("    hostPort {port}: {}", dnat[0]);
+            // portmap's DNAT really works: the node's address and the hostPort reach a
+            // listener on the containerPort inside the pod.
+            let token = format!("plexus-hostport-{port}");
+            let server = NetnsServer::start(&netns, 8080, &token)?;
+            let got = tcp_answer(self.node.ip(), port);
+            let served = server.stop()?;
+            ensure!(
+                got.as_deref().ok() == Some(token.as_str()) && served == 1,
+                "{}:{port} -> the pod's 8080: {got:?}, {served} answered",
+                self.node.ip()
+            );
             let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
             if self.overlay.has_bandwidth() {
                 ensure!(
@@ -663,6 +674,10 @@ impl<'a> Tier<'a> {
         )?;
         checked?;
         self.wait_clean()?;
+        ensure!(
+            tcp_answer(self.node.ip(), port).is_err(),
+            "hostPort {port} still answers after the pod is gone"
+        );
         ensure_no_hostport_left(port, &ifb_before)
     }
 

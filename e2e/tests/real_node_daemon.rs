@@ -57,7 +57,7 @@ use api::Api;
 use pods::{
     address, answering_from_the_node, create_and_wait, delete_and_wait, dnat_rules,
     ensure_no_hostport_left, hostport_manifest, ifb_links, manifest, median, network_status, pings,
-    wait_until_plexus_is_in_the_path,
+    tcp_answer, wait_until_plexus_is_in_the_path, NetnsServer,
 };
 
 const NS: &str = "app";
@@ -599,11 +599,30 @@ impl<'a> Tier<'a> {
                 "no bandwidth ifb (have {ifbs:?})"
             );
             println!("    hostPort {port}: {}; ifb {ifbs:?}", dnat[0]);
+            // The node's address and the hostPort reach a listener inside the pod.
+            let netns = self
+                .pods
+                .last()
+                .map(|p| p.netns.clone())
+                .context("placed")?;
+            let token = format!("plexus-hostport-{port}");
+            let server = NetnsServer::start(&netns, 8080, &token)?;
+            let got = tcp_answer(self.node.ip(), port);
+            let answered = server.stop()?;
+            ensure!(
+                got.as_deref().ok() == Some(token.as_str()) && answered == 1,
+                "{}:{port} -> the pod's 8080: {got:?}, {answered} answered",
+                self.node.ip()
+            );
             Ok(())
         })();
         let deleted = self.delete_all();
         checked?;
         deleted?;
+        ensure!(
+            tcp_answer(self.node.ip(), port).is_err(),
+            "hostPort {port} still answers after the pod is gone"
+        );
         ensure_no_hostport_left(port, &ifb_before)
     }
 

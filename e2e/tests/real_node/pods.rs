@@ -335,3 +335,73 @@ pub fn address(netns: &str, ifname: &str) -> Result<String> {
         .and_then(|i| i.ips.into_iter().next())
         .with_context(|| format!("no address on {ifname} in {netns}"))
 }
+
+/// A TCP server inside a pod's netns (the thread enters it: `setns` affects only that thread)
+/// that answers every connection with its token, until [`NetnsServer::stop`].
+pub struct NetnsServer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Result<usize>>,
+}
+
+impl NetnsServer {
+    /// Listen on `0.0.0.0:port` inside `netns` (a path under /run/netns).
+    pub fn start(netns: &str, port: u16, token: &str) -> Result<NetnsServer> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let file = std::fs::File::open(netns).with_context(|| format!("open {netns}"))?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (ready, listening) = std::sync::mpsc::channel();
+        let (flag, token) = (stop.clone(), token.to_string());
+        let handle = std::thread::spawn(move || -> Result<usize> {
+            let listener = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| Ok(std::net::TcpListener::bind(("0.0.0.0", port))?));
+            let listener = match listener {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = ready.send(Err(e.to_string()));
+                    return Err(e);
+                }
+            };
+            listener.set_nonblocking(true)?;
+            let _ = ready.send(Ok(()));
+            let mut served = 0;
+            while !flag.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        s.set_nonblocking(false)?;
+                        std::io::Write::write_all(&mut s, token.as_bytes())?;
+                        served += 1;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(served)
+        });
+        match listening.recv_timeout(Duration::from_secs(5)) {
+            Ok(Ok(())) => Ok(NetnsServer { stop, handle }),
+            Ok(Err(e)) => bail!("listen on {port} in {netns}: {e}"),
+            Err(_) => bail!("no listener in {netns} after 5 s"),
+        }
+    }
+
+    /// Stop listening; how many connections were answered.
+    pub fn stop(self) -> Result<usize> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("listener thread panicked"))?
+    }
+}
+
+/// What the TCP server at `addr:port` sends before it closes (connect within 3 s).
+pub fn tcp_answer(addr: &str, port: u16) -> Result<String> {
+    let sock: std::net::SocketAddr = format!("{addr}:{port}").parse()?;
+    let mut s = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out)?;
+    Ok(out)
+}
