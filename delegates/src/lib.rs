@@ -1,6 +1,7 @@
 //! Running CNI plugins: lookup in the plugin path, exec with the CNI protocol, chaining a
 //! network's plugins, the result cache, delegated IPAM, the shared skel, namespaces, logging.
 
+pub mod announce;
 pub mod cache;
 pub mod chain;
 pub mod exec;

@@ -261,6 +261,7 @@ impl<'a> Tier<'a> {
     /// Wait until `mysql-<ord>` runs with `want(ord)` on net1 for every ordinal, and check the
     /// address is on net1 inside the pod.
     fn expect_addresses(&self, ords: &[usize], want: &dyn Fn(usize) -> String) -> Result<()> {
+        let mut replicas: Vec<(String, String)> = Vec::new();
         for &o in ords {
             let name = format!("mysql-{o}");
             let mut last = Value::Null;
@@ -277,6 +278,22 @@ impl<'a> Tier<'a> {
             let ifs = pods::interfaces(&netns)?;
             let ips = ifs.get("net1").map(|i| i.ips.clone()).unwrap_or_default();
             ensure!(ips == vec![want(o)], "{name}: net1 in the pod has {ips:?}");
+            replicas.push((netns, want(o)));
+        }
+        // Packets: every replica reaches every other one at its fixed address on net1, also
+        // right after one was recreated with its address and a new MAC (plexus announces each
+        // address after ADD: without it the peer kept the old MAC for 6 to over 20 s).
+        for (i, (from, own)) in replicas.iter().enumerate() {
+            for (to_ns, to) in replicas.iter().skip(i + 1) {
+                ensure!(
+                    pods::pings(Some(from), to),
+                    "{own} -> {to} on net1: no answer"
+                );
+                ensure!(
+                    pods::pings(Some(to_ns), own),
+                    "{to} -> {own} on net1: no answer"
+                );
+            }
         }
         Ok(())
     }

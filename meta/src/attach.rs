@@ -162,7 +162,49 @@ pub fn add_all(
             }
         }
     }
+    announce(&ns, plan, &done);
     Ok(done)
+}
+
+/// Each attachment's addresses announced on its interface (gratuitous ARP, unsolicited NA), in
+/// one visit to the pod's netns ([`plexus_delegates::announce`]: a peer that knew an address at
+/// another MAC reaches this pod at once). Best effort: a failure is logged, the ADD stands.
+fn announce(ns: &NetNs, plan: &[PlannedAttachment], done: &[Attached]) {
+    let _phase = plexus_delegates::timing::phase("announce");
+    let todo: Vec<(&str, Vec<std::net::IpAddr>)> = done
+        .iter()
+        .map(|d| {
+            let ips = d
+                .result
+                .ips
+                .iter()
+                .filter_map(|ip| ip.address.split('/').next()?.parse().ok())
+                .collect();
+            (plan[d.index].ifname.as_str(), ips)
+        })
+        .filter(|(_, ips): &(&str, Vec<std::net::IpAddr>)| !ips.is_empty())
+        .collect();
+    if todo.is_empty() {
+        return;
+    }
+    let sent = ns.run(|| {
+        todo.iter()
+            .map(|(ifname, ips)| (*ifname, plexus_delegates::announce::announce(ifname, ips)))
+            .collect::<Vec<_>>()
+    });
+    match sent {
+        Ok(results) => {
+            for (ifname, r) in results {
+                match r {
+                    Ok(n) => tracing::debug!(ifname, announced = n, "neighbour announcement"),
+                    Err(e) => tracing::warn!(ifname, error = %e, "neighbour announcement not sent"),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "neighbour announcement: cannot enter the pod's netns")
+        }
+    }
 }
 
 /// Default-route changes for one attachment, reflected in its result and its cached result.
