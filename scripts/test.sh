@@ -19,7 +19,9 @@ cargo test --workspace --locked --no-run
 # The SR-IOV VM tier runs beside the others: everything it touches is inside QEMU (its apiserver
 # on the host is its own, on free ports), and the host tiers mostly wait on kubelets, so the two
 # together take about as long as the longer one. Its output is printed after the others'.
-vm_log=target/vm-tier.log
+target_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target_dir"
+vm_log=$target_dir/vm-tier.log
 cargo test --workspace --locked --test vm_sriov >"$vm_log" 2>&1 &
 vm_pid=$!
 trap 'kill "$vm_pid" 2>/dev/null || true' EXIT

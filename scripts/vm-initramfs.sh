@@ -80,8 +80,24 @@ fi
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
+# The host directories the run needs (plexus.keep: the checkout and the target directory) stay
+# visible when they lie under one of the tmpfs mounts below: bound aside first, back on top after.
+keep="$(arg plexus.keep)"
+n=0
+IFS=,
+for k in $keep; do
+  case "$k" in /run/* | /tmp/* | /var/tmp/* | /var/lib/cni/* | /var/lib/kubelet/* | /var/log/*) ;; *) continue ;; esac
+  mkdir -p "/keep/$n" && mount -o bind "/host$k" "/keep/$n" && echo "$k" >"/keep/$n.path"
+  n=$((n + 1))
+done
+unset IFS
 for d in /host/run /host/tmp /host/var/tmp /host/var/lib/cni /host/var/lib/kubelet /host/var/log; do
   [ -d "$d" ] && mount -t tmpfs tmpfs "$d"
+done
+for f in /keep/*.path; do
+  [ -f "$f" ] || continue
+  k="$(cat "$f")"
+  mkdir -p "/host$k" && mount -o bind "${f%.path}" "/host$k" || echo "vm-init: cannot keep $k visible"
 done
 # The node cases' kubelet and containerd: cgroup v2 (the guest's own hierarchy).
 mount -t cgroup2 cgroup2 /host/sys/fs/cgroup 2>/dev/null || echo "vm-init: no cgroup2"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch Debian's kernel for the SR-IOV VM tier and unpack it (never installs it).
 #
-# Usage: scripts/vm-kernel.sh [DIR]      (DIR defaults to $PLEXUS_VM_DIR, else target/vm)
+# Usage: scripts/vm-kernel.sh [DIR]      (DIR defaults to $PLEXUS_VM_DIR, else <target>/vm, the
+#                                        target directory being $CARGO_TARGET_DIR or ./target)
 #
 # Takes the linux-image-*-amd64 package that Debian's `linux-image-amd64` points at (bookworm:
 # 6.1, which has igb, igbvf, vfio-pci and the 9p modules), downloads it with `apt-get download`
@@ -9,7 +10,9 @@
 # to the unpacked tree the VM tier boots. Idempotent: a present tree is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir="${1:-${PLEXUS_VM_DIR:-$PWD/target/vm}}"
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+case $target in /*) ;; *) target="$PWD/$target" ;; esac
+dir="${1:-${PLEXUS_VM_DIR:-$target/vm}}"
 mkdir -p "$dir"
 cd "$dir"
 

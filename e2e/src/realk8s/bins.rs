@@ -93,10 +93,26 @@ fn find(dir: &Path, name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The workspace's target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
+/// The target directory this test binary was built in: `<target>/<profile>/deps/<test>` (or a
+/// binary in `<target>/<profile>/`), whatever put it there (`CARGO_TARGET_DIR`, a
+/// `.cargo/config.toml`, the default `<workspace>/target`); else `CARGO_TARGET_DIR` or
+/// `<workspace>/target`.
 pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        let dir = exe.parent()?;
+        let profile_dir = if dir.file_name()? == "deps" {
+            dir.parent()?
+        } else {
+            dir
+        };
+        let target = profile_dir.parent()?;
+        target
+            .join("CACHEDIR.TAG")
+            .exists()
+            .then(|| target.to_path_buf())
+    });
+    from_exe
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .parent()

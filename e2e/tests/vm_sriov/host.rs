@@ -24,7 +24,7 @@ fn repo_root() -> PathBuf {
 fn vm_dir() -> PathBuf {
     std::env::var_os("PLEXUS_VM_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/vm"))
+        .unwrap_or_else(|| plexus_e2e::realk8s::bins::target_dir().join("vm"))
 }
 
 /// What the tier needs, or why it cannot run.
@@ -138,8 +138,20 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let console = out.join("console.log");
+    // The guest hides the host's /tmp, /run, /var/tmp… under its own tmpfs: the checkout and
+    // the target directory stay visible wherever they are (a clone under /tmp, say).
+    let keep = [repo_root(), plexus_e2e::realk8s::bins::target_dir()]
+        .iter()
+        .map(|p| {
+            p.canonicalize()
+                .unwrap_or_else(|_| p.clone())
+                .display()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(",");
     let mut append = format!(
-        "console=ttyS0 panic=-1 intel_iommu=on no_timer_check loglevel=4 plexus.run={} plexus.out={} plexus.args=--in-vm",
+        "console=ttyS0 panic=-1 intel_iommu=on no_timer_check loglevel=4 plexus.run={} plexus.out={} plexus.keep={keep} plexus.args=--in-vm",
         exe.display(),
         out.display()
     );
@@ -282,6 +294,12 @@ impl Boot<'_> {
                 self.out.display()
             ))
             .args(self.extra)
+            // A debugging knob: more QEMU arguments (e.g. `-trace enable=igb_* -D <file>`).
+            .args(
+                std::env::var("PLEXUS_VM_QEMU_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .arg("-serial")
             .arg(format!("file:{}", self.console.display()))
             .stdin(Stdio::null())
