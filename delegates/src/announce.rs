@@ -58,8 +58,7 @@ pub fn unsolicited_na_packet(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
     p
 }
 
-pub fn send_garp(ifindex: u32, mac: [u8; 6], ip: Ipv4Addr) -> io::Result<()> {
-    let fd = sock(libc::AF_PACKET, libc::SOCK_DGRAM, 0)?;
+fn send_garp(fd: &OwnedFd, ifindex: u32, mac: [u8; 6], ip: Ipv4Addr) -> io::Result<()> {
     let pkt = garp_packet(mac, ip);
     // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -83,8 +82,7 @@ pub fn send_garp(ifindex: u32, mac: [u8; 6], ip: Ipv4Addr) -> io::Result<()> {
     check(rc)
 }
 
-pub fn send_na(ifindex: u32, mac: [u8; 6], ip: Ipv6Addr) -> io::Result<()> {
-    let fd = sock(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)?;
+fn send_na(fd: &OwnedFd, ifindex: u32, mac: [u8; 6], ip: Ipv6Addr) -> io::Result<()> {
     let hops: libc::c_int = 255;
     let ifi: libc::c_int = ifindex as i32;
     for (opt, val) in [
@@ -123,12 +121,60 @@ pub fn send_na(ifindex: u32, mac: [u8; 6], ip: Ipv6Addr) -> io::Result<()> {
     check(rc)
 }
 
-/// Send the announcement for `ip` (gratuitous ARP or unsolicited NA) on interface `ifindex`
-/// with hardware address `mac`.
-pub fn send(ifindex: u32, mac: [u8; 6], ip: IpAddr) -> io::Result<()> {
-    match ip {
-        IpAddr::V4(v4) => send_garp(ifindex, mac, v4),
-        IpAddr::V6(v6) => send_na(ifindex, mac, v6),
+/// Sockets for announcements, opened on first use and shared by every announcement of one
+/// call: closing an `AF_PACKET` socket waits for an RCU grace period (`packet_release` calls
+/// `synchronize_net`, measured 7–15 ms each here), so one per call, not one per address.
+#[derive(Default)]
+pub struct Announcer {
+    packet: Option<OwnedFd>,
+    icmpv6: Option<OwnedFd>,
+}
+
+impl Announcer {
+    /// Send the announcement for `ip` (gratuitous ARP or unsolicited NA) on interface
+    /// `ifindex` with hardware address `mac`.
+    pub fn send(&mut self, ifindex: u32, mac: [u8; 6], ip: IpAddr) -> io::Result<()> {
+        match ip {
+            IpAddr::V4(v4) => {
+                if self.packet.is_none() {
+                    self.packet = Some(sock(libc::AF_PACKET, libc::SOCK_DGRAM, 0)?);
+                }
+                let fd = self.packet.as_ref().expect("opened above");
+                send_garp(fd, ifindex, mac, v4)
+            }
+            IpAddr::V6(v6) => {
+                if self.icmpv6.is_none() {
+                    self.icmpv6 = Some(sock(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)?);
+                }
+                let fd = self.icmpv6.as_ref().expect("opened above");
+                send_na(fd, ifindex, mac, v6)
+            }
+        }
+    }
+
+    /// Announce each of `ips` on `ifname` of the current netns; how many were sent. An
+    /// interface that takes no announcement (see [`interface`]) gets none; errors name the
+    /// address.
+    pub fn announce(&mut self, ifname: &str, ips: &[IpAddr]) -> Result<usize, String> {
+        if ips.is_empty() {
+            return Ok(0);
+        }
+        let Some((index, mac)) = interface(ifname).map_err(|e| format!("{ifname}: {e}"))? else {
+            return Ok(0);
+        };
+        let errs: Vec<String> = ips
+            .iter()
+            .filter_map(|ip| {
+                self.send(index, mac, *ip)
+                    .err()
+                    .map(|e| format!("{ip}: {e}"))
+            })
+            .collect();
+        if errs.is_empty() {
+            Ok(ips.len())
+        } else {
+            Err(format!("announce on {ifname}: {}", errs.join(", ")))
+        }
     }
 }
 
@@ -182,26 +228,6 @@ pub fn interface(ifname: &str) -> io::Result<Option<(u32, [u8; 6])>> {
     Ok(Some((index as u32, mac)))
 }
 
-/// Announce each of `ips` on `ifname` of the current netns; how many were sent. An interface
-/// that takes no announcement (see [`interface`]) gets none; errors name the address.
-pub fn announce(ifname: &str, ips: &[IpAddr]) -> Result<usize, String> {
-    if ips.is_empty() {
-        return Ok(0);
-    }
-    let Some((index, mac)) = interface(ifname).map_err(|e| format!("{ifname}: {e}"))? else {
-        return Ok(0);
-    };
-    let errs: Vec<String> = ips
-        .iter()
-        .filter_map(|ip| send(index, mac, *ip).err().map(|e| format!("{ip}: {e}")))
-        .collect();
-    if errs.is_empty() {
-        Ok(ips.len())
-    } else {
-        Err(format!("announce on {ifname}: {}", errs.join(", ")))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,7 +252,7 @@ mod tests {
     fn names_are_checked_and_nothing_to_announce_is_no_work() {
         assert!(ifreq("").is_err());
         assert!(ifreq("sixteen-chars-16").is_err());
-        assert_eq!(announce("no-such-if", &[]), Ok(0));
+        assert_eq!(Announcer::default().announce("no-such-if", &[]), Ok(0));
         // The loopback takes no announcement.
         assert_eq!(interface("lo").unwrap(), None);
     }

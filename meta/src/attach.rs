@@ -166,13 +166,16 @@ pub fn add_all(
     Ok(done)
 }
 
-/// Each attachment's addresses announced on its interface (gratuitous ARP, unsolicited NA), in
-/// one visit to the pod's netns ([`plexus_delegates::announce`]: a peer that knew an address at
-/// another MAC reaches this pod at once). Best effort: a failure is logged, the ADD stands.
+/// The addresses of attachments whose addresses were asked for (a pod's `ips`, a StatefulSet
+/// replica's fixed address, static IPAM) announced on their interfaces (gratuitous ARP,
+/// unsolicited NA), in one visit to the pod's netns with one socket per family
+/// ([`plexus_delegates::announce`]). Such an address may have been another pod's a moment ago,
+/// at another MAC: its peers follow at once. Pooled addresses are not announced (announcing
+/// costs an RCU grace period when the socket closes). Best effort: a failure is logged.
 fn announce(ns: &NetNs, plan: &[PlannedAttachment], done: &[Attached]) {
-    let _phase = plexus_delegates::timing::phase("announce");
     let todo: Vec<(&str, Vec<std::net::IpAddr>)> = done
         .iter()
+        .filter(|d| addresses_requested(&plan[d.index]))
         .map(|d| {
             let ips = d
                 .result
@@ -187,9 +190,11 @@ fn announce(ns: &NetNs, plan: &[PlannedAttachment], done: &[Attached]) {
     if todo.is_empty() {
         return;
     }
+    let _phase = plexus_delegates::timing::phase("announce");
     let sent = ns.run(|| {
+        let mut announcer = plexus_delegates::announce::Announcer::default();
         todo.iter()
-            .map(|(ifname, ips)| (*ifname, plexus_delegates::announce::announce(ifname, ips)))
+            .map(|(ifname, ips)| (*ifname, announcer.announce(ifname, ips)))
             .collect::<Vec<_>>()
     });
     match sent {
@@ -205,6 +210,15 @@ fn announce(ns: &NetNs, plan: &[PlannedAttachment], done: &[Attached]) {
             tracing::warn!(error = %e, "neighbour announcement: cannot enter the pod's netns")
         }
     }
+}
+
+/// Whether `a`'s addresses were chosen rather than drawn from a pool: the pod's (or a
+/// StatefulSet mapping's) `ips`, or static IPAM in one of its plugins.
+fn addresses_requested(a: &PlannedAttachment) -> bool {
+    a.capability_args.contains_key("ips")
+        || a.cni_args.split(';').any(|kv| kv.starts_with("IP="))
+        || a.list()
+            .is_ok_and(|l| l.plugins.iter().any(|p| p.ipam_type() == Some("static")))
 }
 
 /// Default-route changes for one attachment, reflected in its result and its cached result.

@@ -43,8 +43,9 @@ pub fn announce(ifname: &str, ifindex: u32, ips: &[IpAddr]) -> Result<(), SriovE
     };
     let mac = crate::ipconf::mac6(&link.mac);
     let mut errs = Vec::new();
+    let mut announcer = announce::Announcer::default();
     for ip in ips {
-        if let Err(e) = announce::send(ifindex, mac, *ip) {
+        if let Err(e) = announcer.send(ifindex, mac, *ip) {
             errs.push(format!("{ip}: {e}"));
         }
     }

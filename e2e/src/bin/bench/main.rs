@@ -241,6 +241,9 @@ fn kube_mode(plexus: &Path, cni_bin: &Path, n: usize, tls: bool) {
             assert!(exec(plexus, &env("DEL"), &conf).0);
             dels.push(t.elapsed());
             del_reqs = api.requests().len();
+            // The pod is gone, as after the kubelet's teardown: its network-status no longer
+            // holds the static address the next pod gets (plexus' address guard).
+            api.delete_pod("db", &pod);
         }
         let scheme = if tls { "https" } else { "http" };
         println!("kubernetes mode ({scheme}), pod with {label}, median of {n}:");
