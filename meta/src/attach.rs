@@ -162,7 +162,7 @@ pub fn add_all(
             }
         }
     }
-    announce(&ns, plan, &done);
+    announce(&ns, plan, &prepared, &done);
     Ok(done)
 }
 
@@ -172,10 +172,15 @@ pub fn add_all(
 /// ([`plexus_delegates::announce`]). Such an address may have been another pod's a moment ago,
 /// at another MAC: its peers follow at once. Pooled addresses are not announced (announcing
 /// costs an RCU grace period when the socket closes). Best effort: a failure is logged.
-fn announce(ns: &NetNs, plan: &[PlannedAttachment], done: &[Attached]) {
+fn announce(
+    ns: &NetNs,
+    plan: &[PlannedAttachment],
+    prepared: &[(NetConfList, Attachment)],
+    done: &[Attached],
+) {
     let todo: Vec<(&str, Vec<std::net::IpAddr>)> = done
         .iter()
-        .filter(|d| addresses_requested(&plan[d.index]))
+        .filter(|d| addresses_requested(&plan[d.index], &prepared[d.index].0))
         .map(|d| {
             let ips = d
                 .result
@@ -214,11 +219,10 @@ fn announce(ns: &NetNs, plan: &[PlannedAttachment], done: &[Attached]) {
 
 /// Whether `a`'s addresses were chosen rather than drawn from a pool: the pod's (or a
 /// StatefulSet mapping's) `ips`, or static IPAM in one of its plugins.
-fn addresses_requested(a: &PlannedAttachment) -> bool {
+fn addresses_requested(a: &PlannedAttachment, list: &NetConfList) -> bool {
     a.capability_args.contains_key("ips")
         || a.cni_args.split(';').any(|kv| kv.starts_with("IP="))
-        || a.list()
-            .is_ok_and(|l| l.plugins.iter().any(|p| p.ipam_type() == Some("static")))
+        || list.plugins.iter().any(|p| p.ipam_type() == Some("static"))
 }
 
 /// Default-route changes for one attachment, reflected in its result and its cached result.
