@@ -1093,16 +1093,27 @@ impl<'a> Tier<'a> {
             restarted.elapsed().as_secs_f64()
         );
         // The kubelet sees new pods only once its pod watch is back (its reflector's backoff,
-        // seen up to 39 s): waited for here, not by the next case's first pod.
-        wait_for(
-            "the kubelet's pod watch back",
-            Duration::from_secs(90),
-            || Ok(kubelet_pod_relists(&kubelet_log) > relists),
-        )?;
+        // seen up to 39 s). It may come back by a relist or by resuming the watch from its
+        // resourceVersion (no log line then), so what is waited for is what the next case
+        // needs: a new pod on this node gets Running.
+        let probe = manifest(NS, "down-probe", self.node.name(), "down-probe", None);
+        create_and_wait(&self.api, &[probe], Duration::from_secs(120))
+            .context("a new pod after the apiserver came back")?;
         println!(
-            "    the kubelet's pod watch back {:.1} s after the apiserver",
-            restarted.elapsed().as_secs_f64()
+            "    a new pod Running {:.1} s after the apiserver was back ({} kubelet pod relists since)",
+            restarted.elapsed().as_secs_f64(),
+            kubelet_pod_relists(&kubelet_log).saturating_sub(relists)
         );
+        let (sb, ns) = self.pod_netns(NS, "down-probe")?;
+        self.sandboxes.borrow_mut().push(sb);
+        delete_and_wait(
+            &self.api,
+            NS,
+            "down-probe",
+            &["down-probe".to_string()],
+            &[ns],
+            Duration::from_secs(60),
+        )?;
         self.wait_clean()
     }
 
