@@ -33,6 +33,8 @@ enum Undo {
     RemoveState,
     /// Restore one PF-side field.
     Pf(PfField),
+    /// Give the netdev (still in the host) its original MAC back.
+    HostMac,
     /// Move the netdev back to the host under its original name.
     NetdevBack,
     /// Release the IPAM allocation.
@@ -273,6 +275,7 @@ impl Adder<'_, '_> {
             self.undo.push(Undo::Pf(PfField::Vlan));
         }
         if let Some(mac) = c.mac {
+            self.set_own_mac_first(mac)?;
             at(
                 "set VF admin MAC",
                 p.set_vf_mac(&pf, vf, mac).map_err(Into::into),
@@ -307,6 +310,44 @@ impl Adder<'_, '_> {
                 p.set_vf_link_state(&pf, vf, s).map_err(Into::into),
             )?;
             self.undo.push(Undo::Pf(PfField::LinkState));
+        }
+        Ok(())
+    }
+
+    /// Gives the netdev (still in the host) the MAC `want` before the PF pins it as the admin
+    /// MAC. Once a PF pins a VF's MAC, igb refuses any MAC change the (untrusted) VF asks for,
+    /// the same value included (EADDRNOTAVAIL), so asking afterwards, as sriov-cni does, fails;
+    /// other drivers take it either way. A MAC the PF pinned before the pod is cleared (zero)
+    /// first, restored by the undo of the admin MAC. Best effort: a driver that still refuses is
+    /// reported by [`Self::attach_netdev`], which sets the MAC again only when it differs.
+    fn set_own_mac_first(&mut self, want: MacAddr) -> StepResult<()> {
+        let (Some(host), Some(orig)) = (self.host.as_mut(), self.st.orig_netdev.as_ref()) else {
+            return Ok(()); // no netdev (userspace driver)
+        };
+        if orig.mac == want {
+            return Ok(());
+        }
+        let index = orig.ifindex;
+        if host.set_mac(index, &want.0).is_ok() {
+            self.undo.push(Undo::HostMac);
+            return Ok(());
+        }
+        let (pf, vf) = (self.st.pf.clone(), self.st.vf_index);
+        if self.st.orig_pf.mac.is_zero() {
+            return Ok(());
+        }
+        at(
+            "clear VF admin MAC",
+            self.ctx
+                .pf
+                .set_vf_mac(&pf, vf, MacAddr::default())
+                .map_err(Into::into),
+        )?;
+        self.undo.push(Undo::Pf(PfField::Mac));
+        if let Some(host) = self.host.as_mut() {
+            if host.set_mac(index, &want.0).is_ok() {
+                self.undo.push(Undo::HostMac);
+            }
         }
         Ok(())
     }
@@ -382,7 +423,7 @@ impl Adder<'_, '_> {
                 )?;
             }
         }
-        if let Some(mac) = self.conf.mac {
+        if let Some(mac) = self.conf.mac.filter(|m| m.0[..] != l.mac[..]) {
             at(
                 "set netdev MAC",
                 pod.set_mac(l.index, &mac.0).map_err(Into::into),
@@ -454,6 +495,11 @@ impl Adder<'_, '_> {
                 failed.push(format!("undo {u:?}: {e}"));
             }
         }
+        if failed.is_empty() && self.st.applied.mac {
+            if let Err(e) = restore::settle_admin_mac(self.ctx.pf, &self.st) {
+                failed.push(format!("restore admin MAC: {e}"));
+            }
+        }
         SriovError::Step {
             vf: self.st.vf_pci.clone(),
             step,
@@ -473,6 +519,19 @@ impl Adder<'_, '_> {
                 Some(t) => ipam::del(t, self.args, &self.args.stdin).map_err(SriovError::Ipam),
                 None => Ok(()),
             },
+            Undo::HostMac => {
+                let (Some(host), Some(orig)) = (self.host.as_mut(), self.st.orig_netdev.as_ref())
+                else {
+                    return Err(SriovError::Other("netdev state missing".into()));
+                };
+                // Gone from the host means it was moved: NetdevBack restores its MAC.
+                match host.link_by_index(orig.ifindex)? {
+                    Some(l) if l.mac != orig.mac.0 => {
+                        host.set_mac(orig.ifindex, &orig.mac.0).map_err(Into::into)
+                    }
+                    _ => Ok(()),
+                }
+            }
             Undo::NetdevBack => {
                 let (Some(pod), Some(host_fd), Some(orig)) = (
                     self.pod.as_mut(),

@@ -127,6 +127,11 @@ pub fn release_vf(ctx: &Ctx<'_>, st: &VfState, netns_hint: Option<&str>) -> Resu
             errs.push(e.at_step(&st.vf_pci, "return netdev to host"));
         }
     }
+    if errs.is_empty() {
+        if let Err(e) = restore::settle_admin_mac(ctx.pf, st) {
+            errs.push(e.at_step(&st.vf_pci, "restore admin MAC"));
+        }
+    }
     combine(errs)
 }
 

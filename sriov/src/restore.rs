@@ -62,11 +62,44 @@ pub fn restore_pf_field(
     let (p, vf) = (st.pf.as_str(), st.vf_index);
     match field {
         PfField::Vlan => pf.set_vf_vlan(p, vf, o.vlan, o.qos, o.proto)?,
-        PfField::Mac => pf.set_vf_mac(p, vf, o.mac)?,
+        PfField::Mac => pf.set_vf_mac(p, vf, admin_mac_to_write(st))?,
         PfField::Rate => pf.set_vf_rate(p, vf, o.min_tx_rate, o.max_tx_rate)?,
         PfField::SpoofChk => pf.set_vf_spoofchk(p, vf, o.spoofchk)?,
         PfField::Trust => pf.set_vf_trust(p, vf, o.trust)?,
         PfField::LinkState => pf.set_vf_link_state(p, vf, o.link_state)?,
+    }
+    Ok(())
+}
+
+/// Whether the saved admin MAC is the VF's own address rather than one the PF pinned: igb
+/// reports the MAC a VF gave itself (igbvf's random one, or one set on its netdev) as the VF's
+/// MAC, and writing that value back through the PF would pin it, so that an untrusted VF could
+/// no longer change its own MAC (EADDRNOTAVAIL), which it could before the pod.
+pub fn admin_mac_is_the_vfs_own(st: &VfState) -> bool {
+    let o = &st.orig_pf;
+    !o.mac.is_zero() && st.orig_netdev.as_ref().is_some_and(|n| n.mac == o.mac)
+}
+
+/// The admin MAC a restore writes: the saved one, or none (zero) when the saved one was the VF's
+/// own ([`admin_mac_is_the_vfs_own`]): the netdev then restores its own MAC and
+/// [`settle_admin_mac`] checks that the PF reports it again.
+fn admin_mac_to_write(st: &VfState) -> crate::pf::MacAddr {
+    if admin_mac_is_the_vfs_own(st) {
+        crate::pf::MacAddr::default()
+    } else {
+        st.orig_pf.mac
+    }
+}
+
+/// After the netdev has its own MAC back: when the PF does not report the saved admin MAC (a
+/// driver that does not show a VF's own address), write it through the PF, as sriov-cni does.
+pub fn settle_admin_mac(pf: &dyn PfVfConfig, st: &VfState) -> Result<(), SriovError> {
+    if !admin_mac_is_the_vfs_own(st) {
+        return Ok(());
+    }
+    let (p, vf) = (st.pf.as_str(), st.vf_index);
+    if pf.get_vf(p, vf)?.mac != st.orig_pf.mac {
+        pf.set_vf_mac(p, vf, st.orig_pf.mac)?;
     }
     Ok(())
 }
@@ -121,12 +154,27 @@ pub fn restore_in_host(
         host.set_name(link.index, &orig.name)?;
     }
     if link.mac != orig.mac.0 {
-        host.set_mac(link.index, &orig.mac.0)?;
+        restore_netdev_mac(host, link, orig)?;
     }
     if link.mtu != orig.mtu && orig.mtu != 0 {
         host.set_mtu(link.index, orig.mtu)?;
     }
     Ok(())
+}
+
+/// Gives the netdev its original MAC back. A PF that pins the VF's admin MAC refuses the
+/// untrusted VF's own change (EADDRNOTAVAIL, igb): that is logged and not an error, since no
+/// retry of DEL could change it and the admin MAC is what the VF uses.
+fn restore_netdev_mac(nl: &mut Netlink, link: &Link, orig: &NetdevOrig) -> Result<(), SriovError> {
+    match nl.set_mac(link.index, &orig.mac.0) {
+        Err(crate::nl::NlError::Kernel { source, op })
+            if source.raw_os_error() == Some(nix::errno::Errno::EADDRNOTAVAIL as i32) =>
+        {
+            tracing::warn!(%op, netdev = %orig.name, "the PF refuses the VF's own MAC change (admin MAC pinned); the netdev keeps its MAC");
+            Ok(())
+        }
+        r => r.map_err(Into::into),
+    }
 }
 
 /// Moves the VF netdev `link` (in the pod netns served by `pod`) back to the host netns `host_ns`
@@ -139,7 +187,7 @@ pub fn move_back(
 ) -> Result<(), SriovError> {
     pod.set_up(link.index, false)?;
     if link.mac != orig.mac.0 {
-        pod.set_mac(link.index, &orig.mac.0)?;
+        restore_netdev_mac(pod, link, orig)?;
     }
     if link.mtu != orig.mtu && orig.mtu != 0 {
         pod.set_mtu(link.index, orig.mtu)?;

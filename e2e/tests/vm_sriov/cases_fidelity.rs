@@ -93,6 +93,25 @@ impl Drop for Reset<'_> {
             let _ = p.set_vf_trust(pf, 0, false);
             let _ = p.set_vf_rate(pf, 0, 0, 0);
         }
+        // With no admin MAC igb reports the MAC the VF last gave itself: the VF asks for its
+        // own MAC again (a change to another and back, so the kernel does not skip it). The PF
+        // went down and up, which leaves the VF's mailbox closed until the VF resets: that
+        // is what bringing it up does.
+        if let Some(dev) = crate::vf::vf_netdev(&self.0.vf(0)) {
+            if let Ok(mac) = std::fs::read_to_string(format!("/sys/class/net/{dev}/address")) {
+                let set =
+                    |a: &[&str]| crate::vf::sh(&[&["ip", "link", "set", "dev", &dev], a].concat());
+                let _ = set(&["up"]);
+                let carrier = format!("/sys/class/net/{dev}/carrier");
+                crate::vf::wait_for(std::time::Duration::from_secs(10), || {
+                    std::fs::read_to_string(&carrier).is_ok_and(|c| c.trim() == "1")
+                });
+                for m in ["02:00:00:00:00:98", mac.trim()] {
+                    let _ = set(&["address", m]);
+                }
+                let _ = set(&["down"]);
+            }
+        }
     }
 }
 

@@ -119,6 +119,7 @@ pub fn main() -> i32 {
     }));
 
     let mut all: Vec<Case> = Vec::new();
+    all.extend_from_slice(crate::cases_traffic::CASES);
     all.extend_from_slice(crate::cases::CASES);
     all.extend_from_slice(crate::cases_fail::CASES);
     all.extend_from_slice(crate::cases_fidelity::CASES);

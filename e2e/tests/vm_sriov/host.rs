@@ -273,6 +273,13 @@ impl Boot<'_> {
                 "-no-reboot",
             ])
             .args(["-device", "intel-iommu"])
+            // QEMU 10.0.0-10.0.5 (Debian's bookworm-backports 10.0.2 included) registers the
+            // igbvf BARs as 32-bit and maps a VF's registers at the low 32 bits of its 64-bit
+            // BAR (fixed upstream by 2e54e5fda779, 10.0.6): a VF BAR above 4 GiB then misses
+            // and the VF never gets carrier. No 64-bit PCI hole and 35 physical address bits
+            // keep the guest's VF BARs below 4 GiB (docs/sriov.md); harmless on a fixed QEMU.
+            .args(["-global", "q35-pcihost.pci-hole64-size=0"])
+            .args(["-cpu", "qemu64,phys-bits=35"])
             .arg("-kernel")
             .arg(self.vmlinuz)
             .arg("-initrd")

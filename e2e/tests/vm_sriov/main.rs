@@ -29,6 +29,7 @@ mod cases_fail;
 mod cases_fidelity;
 mod cases_node;
 mod cases_plexus;
+mod cases_traffic;
 mod guest;
 mod host;
 mod node;

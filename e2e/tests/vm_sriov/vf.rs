@@ -118,10 +118,31 @@ impl Pf {
     }
 
     /// Creates `n` VFs (after removing any) and waits until every one has its netdev.
+    ///
+    /// igbvf is bound only after the PF has been reopened with its VFs: Linux 6.1's igb enables
+    /// SR-IOV before it reinitialises itself, so a VF probed inside `pci_enable_sriov` sends its
+    /// reset over the mailbox while the PF still masks the mailbox interrupt and has not written
+    /// `CTRL_EXT.PFRSTD`: the VF logs "PF still in reset state" and never gets carrier (fixed
+    /// upstream by 50f303496d92 "igb: Enable SR-IOV after reinit", v6.3; docs/sriov.md).
     pub fn create_vfs(&self, n: u32) -> Result<(), String> {
         let numvfs = format!("{PCI}/{}/sriov_numvfs", self.pci);
+        let autoprobe = format!("{PCI}/{}/sriov_drivers_autoprobe", self.pci);
         write_sys(&numvfs, "0")?;
+        write_sys(&autoprobe, "0")?;
         write_sys(&numvfs, &n.to_string())?;
+        let carrier = format!("/sys/class/net/{}/carrier", self.name);
+        wait_for(Duration::from_secs(15), || {
+            std::fs::read_to_string(&carrier).is_ok_and(|s| s.trim() == "1")
+        })
+        .ok_or_else(|| format!("PF {} has no carrier after creating its VFs", self.name))?;
+        write_sys(&autoprobe, "1")?;
+        for i in 0..n {
+            let vf = self
+                .vf_pci(i)
+                .ok_or_else(|| format!("VF {i} of {} has no PCI function", self.name))?;
+            write_sys(&format!("{PCI}/{vf}/driver_override"), "\n")?;
+            write_sys("/sys/bus/pci/drivers_probe", &vf)?;
+        }
         wait_for(Duration::from_secs(30), || {
             (0..n).all(|i| self.vf_pci(i).is_some_and(|p| vf_netdev(&p).is_some()))
         })
