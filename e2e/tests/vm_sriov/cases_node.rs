@@ -301,6 +301,28 @@ fn check_device_plugin(uid: &str, pci: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The name of pod `name`'s netns (under /run/netns), from its sandbox.
+fn pod_netns(node: &Node, name: &str) -> Result<String, String> {
+    let uid = node.get(&["-n", NS, "pod", name])?["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
+    let sb = cri
+        .sandboxes(Some(&uid))
+        .map_err(|e| format!("CRI: {e:#}"))?;
+    let sb = sb
+        .iter()
+        .find(|s| s.state == 0)
+        .or(sb.first())
+        .ok_or(format!("no sandbox for {name}"))?;
+    let path = cri.sandbox_netns(&sb.id).map_err(|e| format!("{e:#}"))?;
+    Ok(Path::new(&path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default())
+}
+
 fn attached_in_pod_and_pf(pf: &Pf, uid: &str, pci: String, vf: u32) -> Result<Attached, String> {
     // In the pod: net1 is that VF with the MAC, MTU and address.
     let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
@@ -600,6 +622,24 @@ fn capacity_and_restarts_inner(node: &mut Node, pf: &Pf, record: Record<'_>) -> 
     record(
         json!({"note": format!("{n} bank pods (one per VF) Running {:.1} s after create", t.elapsed().as_secs_f64())}),
     );
+    // Packets: every pod reaches every other one on net1 (VLAN 100 through the PF's switch).
+    let bank_pings = |node: &Node, when: &str| -> Result<(), String> {
+        let netns: Vec<String> = names
+            .iter()
+            .map(|name| pod_netns(node, name))
+            .collect::<Result<_, _>>()?;
+        for (i, ns) in netns.iter().enumerate() {
+            for j in (0..n).filter(|j| *j != i) {
+                let to = format!("10.56.217.{}", 21 + j);
+                crate::vf::sh(&["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", &to])
+                    .map_err(|e| {
+                        format!("{when}: {} does not reach {to} on net1: {e}", names[i])
+                    })?;
+            }
+        }
+        Ok(())
+    };
+    bank_pings(node, "once Running")?;
     let used: Vec<VfSnap> = (0..crate::guest::NUM_VFS).map(|i| pf.snap(i)).collect();
     if used
         .iter()
@@ -686,6 +726,10 @@ fn capacity_and_restarts_inner(node: &mut Node, pf: &Pf, record: Record<'_>) -> 
             ));
         }
     }
+    bank_pings(node, "after the kubelet and containerd restarts")?;
+    record(
+        json!({"note": format!("{n} bank pods reach each other on net1 (VLAN 100), before and after the restarts")}),
+    );
     let t = Instant::now();
     for name in &names {
         node.kubectl(&["-n", NS, "delete", "pod", name, "--wait=false"])?;
