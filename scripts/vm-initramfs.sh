@@ -31,10 +31,12 @@ done
 # The node cases (a kubelet + containerd in the VM) add: virtio_net (the node's own NIC, the
 # apiserver through QEMU's guestfwd), overlay (containerd's snapshotter), vxlan (flannel),
 # br_netfilter, 8021q, crc32c_generic (libcrc32c soft-depends on it), and nf_tables + the xt matches iptables-nft uses (flannel, portmap).
+# The far end of the wire (a second igb PF) counts tagged frames with tc: sch_ingress, cls_flower, act_gact.
 roots=(virtio_pci 9pnet_virtio 9p igb igbvf vfio-pci vfio_iommu_type1 veth bridge
   virtio_net overlay vxlan br_netfilter 8021q crc32c_generic libcrc32c nf_tables nft_compat nft_chain_nat nft_nat
   nft_masq nft_ct nft_reject_inet nft_fib_inet nf_conntrack nf_nat xt_MASQUERADE xt_conntrack
-  xt_comment xt_mark xt_addrtype xt_multiport xt_nat xt_statistic xt_tcpudp)
+  xt_comment xt_mark xt_addrtype xt_multiport xt_nat xt_statistic xt_tcpudp
+  sch_ingress cls_flower act_gact)
 declare -A seen=()
 order=()
 find_mod() {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod raw_api;
+pub mod transfer;
 
 use serde_json::{json, Value};
 use std::io::Write;

@@ -48,9 +48,7 @@ pub fn prepare(out: &Path) -> Result<(), String> {
     }
     let sriov = std::fs::canonicalize(&sriov).map_err(|e| format!("{}: {e}", sriov.display()))?;
     let stale = stale_against_sources(&sriov);
-    let peers = std::env::var_os("PLEXUS_PEERS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin"));
+    let (peers, _) = peers_dir();
     let cni = plexus_e2e::realk8s::bins::find_usable(&peers, "sriov-cni")
         .map_err(|e| format!("unpacking sriov-cni from {}: {e:#}", peers.display()))?
         .ok_or_else(|| {
@@ -80,6 +78,46 @@ pub fn prepare(out: &Path) -> Result<(), String> {
         }
     );
     Ok(())
+}
+
+/// The peers' directory: `PLEXUS_PEERS_BIN`, else `peers/bin` beside `PLEXUS_K8S_BIN`'s
+/// `k8s/bin` (`../shared/`), else `/work/shared/peers/bin`; and whether it was named
+/// explicitly.
+fn peers_dir() -> (PathBuf, bool) {
+    if let Some(d) = std::env::var_os("PLEXUS_PEERS_BIN").filter(|d| !d.is_empty()) {
+        return (PathBuf::from(d), true);
+    }
+    let beside = std::env::var_os("PLEXUS_K8S_BIN")
+        .map(|k| PathBuf::from(k).join("../../peers/bin"))
+        .filter(|d| d.is_dir());
+    (
+        beside.unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin")),
+        false,
+    )
+}
+
+/// Writes `<out>/peers.json` with the sriov-cni the conformance case runs side by side with
+/// `sriov`; without it (no peers directory) that column is skipped with a note. A named
+/// `PLEXUS_PEERS_BIN` without sriov-cni is an error.
+pub fn prepare_peers(out: &Path) -> Result<(), String> {
+    let (dir, named) = peers_dir();
+    let cni = plexus_e2e::realk8s::bins::find_usable(&dir, "sriov-cni")
+        .map_err(|e| format!("unpacking sriov-cni from {}: {e:#}", dir.display()))?;
+    let Some(cni) = cni else {
+        if named {
+            return Err(format!(
+                "no sriov-cni[.xz] in PLEXUS_PEERS_BIN={}",
+                dir.display()
+            ));
+        }
+        println!(
+            "vm_sriov: no sriov-cni in {} (set PLEXUS_PEERS_BIN): the conformance case runs sriov only",
+            dir.display()
+        );
+        return Ok(());
+    };
+    std::fs::write(out.join("peers.json"), json!({"sriovCni": cni}).to_string())
+        .map_err(|e| format!("{}: {e}", out.join("peers.json").display()))
 }
 
 /// Whether a file under `sriov/src` is newer than the binary.

@@ -65,7 +65,83 @@ fn setup(pf: &Pf) -> Result<(), String> {
     )?;
     pf.set_up(true)?;
     pf.create_vfs(NUM_VFS)?;
-    pf.wait_rate_ready()
+    pf.wait_rate_ready()?;
+    setup_far_end()
+}
+
+/// The netns holding the far end of the PF's wire, and the far end's names in it.
+pub const WIRE_NS: &str = "plexus-wire";
+/// The second igb PF, renamed, in [`WIRE_NS`].
+pub const WIRE_DEV: &str = "wire0";
+/// Its VLAN 100 interface's address (what a VLAN 100 pod reaches across the wire).
+pub const WIRE_ADDR: &str = "10.56.217.50";
+
+/// The second igb PF as the far end of the first one's wire: in its own netns, a VLAN 100
+/// interface with an address, and a tc flower filter on its ingress counting frames tagged
+/// VLAN 100 with priority 3 (the bank NAD's QoS). Nothing when QEMU gave no second PF.
+fn setup_far_end() -> Result<(), String> {
+    let Some(w) = Pf::far_end() else {
+        return Ok(());
+    };
+    crate::vf::write_sys(
+        &format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", w.name),
+        "1",
+    )?;
+    sh(&["ip", "netns", "add", WIRE_NS])?;
+    sh(&[
+        "ip", "link", "set", "dev", &w.name, "name", WIRE_DEV, "netns", WIRE_NS,
+    ])?;
+    let vlan = format!("{WIRE_DEV}.100");
+    for a in [
+        vec!["link", "set", "lo", "up"],
+        vec!["link", "set", WIRE_DEV, "up"],
+        vec![
+            "link", "add", "link", WIRE_DEV, "name", &vlan, "type", "vlan", "id", "100",
+        ],
+        vec!["addr", "add", "10.56.217.50/24", "dev", &vlan],
+        vec!["link", "set", &vlan, "up"],
+    ] {
+        sh(&[&["ip", "-n", WIRE_NS], a.as_slice()].concat())?;
+    }
+    for a in [
+        vec!["qdisc", "add", "dev", WIRE_DEV, "ingress"],
+        vec![
+            "filter",
+            "add",
+            "dev",
+            WIRE_DEV,
+            "ingress",
+            "protocol",
+            "802.1Q",
+            "flower",
+            "vlan_id",
+            "100",
+            "vlan_prio",
+            "3",
+            "action",
+            "pass",
+        ],
+    ] {
+        sh(&[&["ip", "netns", "exec", WIRE_NS, "tc"], a.as_slice()].concat())?;
+    }
+    Ok(())
+}
+
+/// Frames the far end has received tagged VLAN 100 with priority 3 (its tc flower counter).
+pub fn wire_frames_100_prio_3() -> u64 {
+    let out = sh(&[
+        "ip", "netns", "exec", WIRE_NS, "tc", "-s", "filter", "show", "dev", WIRE_DEV, "ingress",
+    ])
+    .unwrap_or_default();
+    // "Sent <bytes> bytes <packets> pkt (dropped ...)" under the action.
+    out.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == "pkt")?;
+            (w.first() == Some(&"Sent")).then(|| w[i - 1].parse::<u64>().ok())?
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The in-VM entry point.

@@ -119,6 +119,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     crate::bench_host::prepare(&out)?;
+    crate::bench_host::prepare_peers(&out)?;
     let initrd = out.join("initramfs.cpio.gz");
     let st = Command::new(repo_root().join("scripts/vm-initramfs.sh"))
         .arg(&parts.kernel_tree)
@@ -285,11 +286,19 @@ impl Boot<'_> {
             .arg("-initrd")
             .arg(self.initrd)
             .args(["-append", self.append])
+            // The PF's wire goes to a second igb PF, the far end where the cases count what
+            // the VFs put on the wire: both ports of one QEMU hub, nothing leaves QEMU.
             .args([
                 "-netdev",
-                "user,id=n0,restrict=on",
+                "hubport,id=w0,hubid=0",
                 "-device",
-                "igb,netdev=n0",
+                "igb,netdev=w0",
+                "-netdev",
+                "hubport,id=w1,hubid=0",
+                "-device",
+                // Away from the first PF's VF slots (0x11, 0x12: QEMU creates all eight VFs
+                // with the PF); its own VFs land at 0x18, 0x19.
+                "igb,netdev=w1,addr=0x08",
             ])
             .args([
                 "-virtfs",

@@ -67,17 +67,34 @@ pub struct VfSnap {
 }
 
 impl Pf {
-    /// The first PCI function bound to `igb`.
-    pub fn discover() -> Result<Pf, String> {
+    /// The PCI functions bound to `igb`, lowest address first.
+    fn igb_functions() -> Result<Vec<String>, String> {
         let dir = "/sys/bus/pci/drivers/igb";
-        let pci = std::fs::read_dir(dir)
+        let mut v: Vec<String> = std::fs::read_dir(dir)
             .map_err(|e| format!("{dir}: {e} (igb not loaded?)"))?
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| n.contains(':'))
+            .filter(|n| n.contains(':'))
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    /// The first PCI function bound to `igb` (the PF whose VFs the cases use).
+    pub fn discover() -> Result<Pf, String> {
+        let pci = Self::igb_functions()?
+            .into_iter()
+            .next()
             .ok_or("no PCI device bound to igb: is QEMU started with -device igb?")?;
         let name = first_entry(&format!("{PCI}/{pci}/net")).ok_or("igb PF has no netdev")?;
         Ok(Pf { name, pci })
+    }
+
+    /// The second igb PF, the far end of the first one's wire (QEMU joins both to one hub).
+    pub fn far_end() -> Option<Pf> {
+        let pci = Self::igb_functions().ok()?.into_iter().nth(1)?;
+        let name = first_entry(&format!("{PCI}/{pci}/net"))?;
+        Some(Pf { name, pci })
     }
 
     /// Sets the PF admin state and waits for the carrier to follow.
