@@ -656,6 +656,39 @@ impl<'a> Tier<'a> {
                     "no bandwidth ifb (have {ifbs:?})"
                 );
                 println!("    bandwidth: ifb {ifbs:?}");
+                // The shaping, by packets: the pod's annotations ask 10 Mbit/s each way. What
+                // the runtime passes as the burst (the tbf's) goes through at the path's speed
+                // first; the steady rate after it is what is checked.
+                let ifb = ifbs
+                    .iter()
+                    .find(|i| i.starts_with("bwp"))
+                    .cloned()
+                    .unwrap_or_default();
+                let tbf = std::process::Command::new("tc")
+                    .args(["qdisc", "show", "dev", &ifb])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                    .unwrap_or_default();
+                let node: std::net::IpAddr = self.node.ip().parse()?;
+                let t = Instant::now();
+                let rate = common::transfer::steady_shaped_rate(
+                    None,
+                    std::net::SocketAddr::new(node, 0),
+                    Some(Path::new(&netns)),
+                    10e6,
+                    Duration::from_secs(90),
+                )
+                .with_context(|| format!("pod -> node through {tbf}"))?;
+                println!(
+                    "    pod -> node: {:.1} Mbit/s once the burst is through (asked 10; {:.1} s; {tbf})",
+                    rate / 1e6,
+                    t.elapsed().as_secs_f64()
+                );
+                ensure!(
+                    (8e6..=12e6).contains(&rate),
+                    "egress shaped to {:.1} Mbit/s, asked 10 (±20 %)",
+                    rate / 1e6
+                );
             } else {
                 ensure!(
                     ifbs.is_empty(),

@@ -614,6 +614,28 @@ impl<'a> Tier<'a> {
                 "{}:{port} -> the pod's 8080: {got:?}, {answered} answered",
                 self.node.ip()
             );
+            if self.overlay.has_bandwidth() {
+                // The shaping, by packets: 10 Mbit/s asked out of the pod, the steady rate once
+                // the runtime's burst is through.
+                let node: std::net::IpAddr = self.node.ip().parse()?;
+                let rate = common::transfer::steady_shaped_rate(
+                    None,
+                    std::net::SocketAddr::new(node, 0),
+                    Some(std::path::Path::new(&netns)),
+                    10e6,
+                    Duration::from_secs(90),
+                )
+                .context("pod -> node, shaped")?;
+                println!(
+                    "    pod -> node: {:.1} Mbit/s once the burst is through (asked 10)",
+                    rate / 1e6
+                );
+                ensure!(
+                    (8e6..=12e6).contains(&rate),
+                    "egress shaped to {:.1} Mbit/s, asked 10 (±20 %)",
+                    rate / 1e6
+                );
+            }
             Ok(())
         })();
         let deleted = self.delete_all();
