@@ -275,7 +275,8 @@ fn gc_stale(t: &T<'_>) {
 
 fn dpdk_vfio(t: &T<'_>) {
     let pci = t.vf(1);
-    let old_mac = t.pf.snap(1).netdev["address"].clone();
+    let old = t.pf.snap(1).netdev;
+    let (old_mac, old_name) = (old["address"].clone(), old["ifname"].clone());
     rebind(&pci, "vfio-pci").expect("bind vfio-pci");
     let bound = driver(&pci);
     let group = std::fs::read_link(format!("/sys/bus/pci/devices/{pci}/iommu_group"))
@@ -319,14 +320,20 @@ fn dpdk_vfio(t: &T<'_>) {
         assert!(t.dir.saved().is_empty());
     };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-    // Back to igbvf either way; igbvf picks a new random MAC: put the old one back so the
-    // VF is as the case found it.
+    // Back to igbvf either way; igbvf picks a new random MAC and the kernel a new name: put the
+    // old ones back so the VF is as the case found it.
     rebind(&pci, "").expect("bind igbvf back");
     let back = wait_for(Duration::from_secs(20), || vf_netdev(&pci).is_some());
     if let (Some(dev), Some(mac)) = (vf_netdev(&pci), old_mac.as_str()) {
         let _ = Command::new("ip")
             .args(["link", "set", &dev, "address", mac])
             .status();
+        // The kernel names the new netdev after the first free ethN, not the old name.
+        if let Some(name) = old_name.as_str().filter(|n| *n != dev) {
+            let _ = Command::new("ip")
+                .args(["link", "set", &dev, "name", name])
+                .status();
+        }
     }
     if let Err(e) = r {
         std::panic::resume_unwind(e);

@@ -166,7 +166,8 @@ fn driver_unbound_while_attached(t: &T<'_>) {
     let started = std::time::Instant::now();
     let del = t.dir.sriov("DEL", "unbound-1", &pod.path(), &conf);
     let took = started.elapsed();
-    // Back to igbvf (a new random MAC: put the old one back) before asserting.
+    // Back to igbvf (a new random MAC and the first free ethN: put the old ones back) before
+    // asserting.
     crate::vf::write_sys("/sys/bus/pci/drivers_probe", &pci).expect("reprobe");
     let back = crate::vf::wait_for(std::time::Duration::from_secs(20), || {
         crate::vf::vf_netdev(&pci).is_some()
@@ -176,6 +177,9 @@ fn driver_unbound_while_attached(t: &T<'_>) {
         before.netdev["address"].as_str(),
     ) {
         let _ = crate::vf::sh(&["ip", "link", "set", &dev, "address", mac]);
+        if let Some(name) = before.netdev["ifname"].as_str().filter(|n| *n != dev) {
+            let _ = crate::vf::sh(&["ip", "link", "set", &dev, "name", name]);
+        }
     }
     del.ok();
     assert!(back.is_some(), "igbvf did not come back");

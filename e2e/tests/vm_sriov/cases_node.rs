@@ -622,19 +622,38 @@ fn capacity_and_restarts_inner(node: &mut Node, pf: &Pf, record: Record<'_>) -> 
     record(
         json!({"note": format!("{n} bank pods (one per VF) Running {:.1} s after create", t.elapsed().as_secs_f64())}),
     );
-    // Packets: every pod reaches every other one on net1 (VLAN 100 through the PF's switch).
+    // Packets: every pod reaches every other one on net1 (VLAN 100 through the PF's switch) and
+    // on eth0 (flannel).
     let bank_pings = |node: &Node, when: &str| -> Result<(), String> {
         let netns: Vec<String> = names
             .iter()
             .map(|name| pod_netns(node, name))
             .collect::<Result<_, _>>()?;
+        // eth0 (flannel) addresses, from inside each pod.
+        let eth0: Vec<String> = netns
+            .iter()
+            .map(|ns| {
+                let j: Value = crate::vf::sh(&["ip", "-n", ns, "-j", "-4", "addr", "show", "eth0"])
+                    .ok()
+                    .and_then(|s| serde_json::from_str(&s).ok())
+                    .unwrap_or_default();
+                j[0]["addr_info"][0]["local"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
         for (i, ns) in netns.iter().enumerate() {
             for j in (0..n).filter(|j| *j != i) {
-                let to = format!("10.56.217.{}", 21 + j);
-                crate::vf::sh(&["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", &to])
-                    .map_err(|e| {
-                        format!("{when}: {} does not reach {to} on net1: {e}", names[i])
-                    })?;
+                for (to, via) in [
+                    (format!("10.56.217.{}", 21 + j), "net1"),
+                    (eth0[j].clone(), "eth0"),
+                ] {
+                    crate::vf::sh(&["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", &to])
+                        .map_err(|e| {
+                            format!("{when}: {} does not reach {to} on {via}: {e}", names[i])
+                        })?;
+                }
             }
         }
         Ok(())
@@ -728,7 +747,7 @@ fn capacity_and_restarts_inner(node: &mut Node, pf: &Pf, record: Record<'_>) -> 
     }
     bank_pings(node, "after the kubelet and containerd restarts")?;
     record(
-        json!({"note": format!("{n} bank pods reach each other on net1 (VLAN 100), before and after the restarts")}),
+        json!({"note": format!("{n} bank pods reach each other on net1 (VLAN 100) and eth0 (flannel), before and after the restarts")}),
     );
     let t = Instant::now();
     for name in &names {

@@ -63,10 +63,12 @@ fn setup(pf: &Pf) -> Result<(), String> {
         &format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", pf.name),
         "1",
     )?;
+    // The far end first: its netdev leaves the root netns before the VFs get theirs, so the
+    // VFs are named as with one PF (eth1, eth2) and a VF rebound later takes a name after them.
+    setup_far_end()?;
     pf.set_up(true)?;
     pf.create_vfs(NUM_VFS)?;
-    pf.wait_rate_ready()?;
-    setup_far_end()
+    pf.wait_rate_ready()
 }
 
 /// The netns holding the far end of the PF's wire, and the far end's names in it.
