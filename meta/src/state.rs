@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const KIND: &str = "plexusPlanV1";
+/// The format tag of the plans this plexus writes and reads. Fields are only ever added (with
+/// defaults), so every earlier plan of this kind reads (fixtures in `state_fixtures/`, one per
+/// format change); a change that cannot be read that way gets a new kind.
+pub const PLAN_KIND: &str = "plexusPlanV1";
 
 /// Tombstone content of a DEL that ran without any network namespace.
 const NETNS_UNKNOWN: &[u8] = b"netns-unknown";
@@ -49,7 +52,7 @@ impl SavedPlan {
         attachments: Vec<PlannedAttachment>,
     ) -> Self {
         SavedPlan {
-            kind: KIND.into(),
+            kind: PLAN_KIND.into(),
             container_id: container_id.into(),
             ifname: ifname.into(),
             netns: netns.into(),
@@ -166,15 +169,26 @@ impl PlanStore {
         else {
             return Ok(None);
         };
-        match serde_json::from_slice::<SavedPlan>(&bytes) {
-            Ok(plan) if plan.kind == KIND => Ok(Some(plan)),
-            Ok(_) => Err(MetaError::CorruptPlan {
+        let error = match serde_json::from_slice::<SavedPlan>(&bytes) {
+            Ok(plan) if plan.kind == PLAN_KIND => return Ok(Some(plan)),
+            Ok(_) => None,
+            Err(e) => Some(e),
+        };
+        // A plexus plan of another format (a newer plexus, before a downgrade) is named as such,
+        // whether or not its fields decode.
+        let kind = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+            .filter(|k| k.starts_with("plexusPlan") && k != PLAN_KIND);
+        match kind {
+            Some(kind) => Err(MetaError::PlanOfAnotherVersion {
                 path: p,
-                source: None,
+                kind,
+                reads: PLAN_KIND,
             }),
-            Err(e) => Err(MetaError::CorruptPlan {
+            None => Err(MetaError::CorruptPlan {
                 path: p,
-                source: Some(e),
+                source: error,
             }),
         }
     }
@@ -264,13 +278,103 @@ impl PlanStore {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
             .filter_map(|e| fsutil::read_capped(&e.path(), fsutil::MAX_STATE_FILE_BYTES).ok())
             .filter_map(|b| serde_json::from_slice::<SavedPlan>(&b).ok())
-            .filter(|p| p.kind == KIND)
+            .filter(|p| p.kind == PLAN_KIND)
             .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    /// Every plan format an earlier plexus wrote still reads (one fixture per format change:
+    /// the first plans; `resourceName`; `delFailures`/`firstDelFailure`; `nad`), and a plan of
+    /// another kind (a newer plexus, before a downgrade) is refused naming its kind.
+    #[test]
+    fn every_earlier_plan_format_reads_and_a_newer_kind_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PlanStore::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("plans")).unwrap();
+        let put = |cid: &str, text: &str| {
+            std::fs::write(
+                dir.path().join("plans").join(format!("{cid}-eth0.json")),
+                text,
+            )
+            .unwrap()
+        };
+        let fixtures = [
+            (
+                "c20261121",
+                include_str!("state_fixtures/plan-2026-11-21.json"),
+                2,
+            ),
+            (
+                "c20261123",
+                include_str!("state_fixtures/plan-2026-11-23.json"),
+                2,
+            ),
+            (
+                "c20261126",
+                include_str!("state_fixtures/plan-2026-11-26.json"),
+                1,
+            ),
+            (
+                "c20261127",
+                include_str!("state_fixtures/plan-2026-11-27.json"),
+                2,
+            ),
+        ];
+        for (cid, text, attachments) in fixtures {
+            put(cid, text);
+            let plan = store
+                .load(cid, "eth0")
+                .unwrap()
+                .unwrap_or_else(|| panic!("{cid}"));
+            assert_eq!(plan.container_id, cid);
+            assert_eq!(plan.attachments.len(), attachments, "{cid}");
+            assert!(plan.attachments[0].is_default, "{cid}");
+            assert!(
+                plan.pod.as_ref().is_some_and(|p| !p.uid.is_empty()),
+                "{cid}"
+            );
+        }
+        let old = store.load("c20261121", "eth0").unwrap().unwrap();
+        assert_eq!(
+            crate::address_guard::static_addresses(&old.attachments),
+            vec![("db/data".to_string(), "10.246.0.10".parse().unwrap())]
+        );
+        let sriov = store.load("c20261123", "eth0").unwrap().unwrap();
+        assert_eq!(
+            sriov.attachments[1].resource_name.as_deref(),
+            Some("intel.com/sriov_igb")
+        );
+        let failing = store.load("c20261126", "eth0").unwrap().unwrap();
+        assert_eq!(
+            (failing.del_failures, failing.first_del_failure),
+            (2, Some(1795600000))
+        );
+        let nad = store.load("c20261127", "eth0").unwrap().unwrap();
+        assert!(nad.attachments[1]
+            .nad
+            .as_ref()
+            .is_some_and(|n| n.inline_config));
+
+        put(
+            "cnewer",
+            include_str!("state_fixtures/plan-newer-kind.json"),
+        );
+        let e = store.load("cnewer", "eth0").unwrap_err();
+        assert_eq!(e.code(), 6);
+        let text = format!("{} {}", e.msg(), e.details());
+        assert!(
+            text.contains("plexusPlanV2") && text.contains(PLAN_KIND),
+            "{text}"
+        );
+        put("cgarbage", r#"{"kind":"somethingElse"}"#);
+        assert!(matches!(
+            store.load("cgarbage", "eth0"),
+            Err(MetaError::CorruptPlan { .. })
+        ));
+    }
+
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 

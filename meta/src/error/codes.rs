@@ -59,7 +59,10 @@ impl MetaError {
             | DraResourceMismatch { .. }
             | InterfaceExists { .. }
             | AlreadyAttached { .. } => code::INVALID_CONFIG,
-            Manifest { .. } | CorruptPlan { .. } | JsonFile { .. } => code::DECODE_FAILURE,
+            Manifest { .. }
+            | CorruptPlan { .. }
+            | PlanOfAnotherVersion { .. }
+            | JsonFile { .. } => code::DECODE_FAILURE,
             NetnsOpen { .. } | NotAttached { .. } => code::UNKNOWN_CONTAINER,
             Lock { source, .. } if source.kind() == std::io::ErrorKind::TimedOut => {
                 code::TRY_AGAIN_LATER

@@ -329,6 +329,13 @@ impl MetaError {
                 "corrupt attachment plan".into(),
                 path.display().to_string(),
             ),
+            PlanOfAnotherVersion { path, kind, reads } => (
+                "attachment plan of another plexus version".into(),
+                format!(
+                    "{}: kind {kind:?}, this plexus reads {reads:?} (a newer plexus wrote it: run its DELs before a downgrade; this DEL rebuilds the plan from the pod's networks and the result cache)",
+                    path.display()
+                ),
+            ),
             PlanRemove { path, source } => (
                 "failed to remove the attachment plan".into(),
                 at(path, source),

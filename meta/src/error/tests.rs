@@ -95,6 +95,7 @@ fn name(e: &MetaError) -> &'static str {
         PlanSave { .. } => "PlanSave",
         PlanRead { .. } => "PlanRead",
         CorruptPlan { .. } => "CorruptPlan",
+        PlanOfAnotherVersion { .. } => "PlanOfAnotherVersion",
         PlanRemove { .. } => "PlanRemove",
         AlreadyAttached { .. } => "AlreadyAttached",
         NotAttached { .. } => "NotAttached",
@@ -109,7 +110,7 @@ fn name(e: &MetaError) -> &'static str {
     }
 }
 
-const ALL: usize = 68;
+const ALL: usize = 69;
 
 /// One example per variant (several where the code depends on the cause) and the code
 /// docs/design.md's "Error codes" table gives it. One row per line: a table.
@@ -193,6 +194,7 @@ fn table() -> Vec<(MetaError, u32)> {
         (PlanRead { path: "/p".into(), source: io(ErrorKind::InvalidData) }, 6),
         (PlanRead { path: "/p".into(), source: io(ErrorKind::PermissionDenied) }, 5),
         (CorruptPlan { path: "/p".into(), source: None }, 6),
+        (PlanOfAnotherVersion { path: "/p".into(), kind: s("plexusPlanV2"), reads: "plexusPlanV1" }, 6),
         (PlanRemove { path: "/p".into(), source: io(ErrorKind::PermissionDenied) }, 5),
         // Verbs.
         (AlreadyAttached { pod: pod(), container_id: s("c"), ifname: s("eth0") }, 7),

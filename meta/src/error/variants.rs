@@ -511,6 +511,16 @@ pub enum MetaError {
         #[source]
         source: Option<serde_json::Error>,
     },
+    /// The plan is a plexus plan of another format version, e.g. written by a newer plexus
+    /// before a downgrade (6).
+    PlanOfAnotherVersion {
+        /// The plan file.
+        path: PathBuf,
+        /// The `kind` it carries.
+        kind: String,
+        /// The kind this plexus reads.
+        reads: &'static str,
+    },
     /// The plan cannot be removed (5).
     PlanRemove {
         /// The plan file.
