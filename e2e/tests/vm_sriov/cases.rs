@@ -112,6 +112,15 @@ fn bank_add_check_del(t: &T<'_>) {
         json!({"ifname":"net1","address":MAC,"mtu":9000,"up":true})
     );
     assert_eq!(pod.addrs("net1"), vec!["10.56.217.10/24"]);
+    // And it has carrier: a VF configured right that carries nothing fails here.
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            crate::cases_traffic::has_carrier(&pod, "net1")
+        })
+        .is_some(),
+        "the bank pod's VF has no carrier 10 s after ADD:\n{}",
+        crate::cases_traffic::driver_log()
+    );
     assert!(
         pod.routes()
             .contains("10.56.0.0/16 via 10.56.217.1 dev net1"),

@@ -339,6 +339,17 @@ fn attached_in_pod_and_pf(pf: &Pf, uid: &str, pci: String, vf: u32) -> Result<At
     if l != json!({"ifname":"net1","address":MAC,"mtu":9000,"up":true}) {
         return Err(format!("net1 in the pod: {l}"));
     }
+    // Carrier: the VF can carry traffic, not only show the settings.
+    let has = || {
+        crate::vf::sh(&["ip", "-n", &netns, "-j", "link", "show", "net1"])
+            .is_ok_and(|j| j.contains("LOWER_UP"))
+    };
+    if wait_for(Duration::from_secs(10), has).is_none() {
+        return Err(format!(
+            "net1 in the pod has no carrier 10 s after Running:\n{}",
+            crate::cases_traffic::driver_log()
+        ));
+    }
     // net1 is that VF: its PCI device's netdev is no longer in the node's namespace, and the
     // pod's net1 is bound to that PCI function (sysfs seen from the pod's namespace).
     let dev = crate::vf::sh(&[
