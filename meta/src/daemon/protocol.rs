@@ -66,6 +66,24 @@ pub fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Resu
 mod tests {
     use super::*;
 
+    /// The shim and the daemon of a node are upgraded one after the other: a request or an
+    /// answer with a field the other side does not know still decodes.
+    #[test]
+    fn unknown_fields_from_another_version_are_ignored() {
+        let req: Request = read_message(
+            &mut br#"{"env":{"CNI_COMMAND":"DEL"},"stdin":"{}","protocol":2}"#.as_slice(),
+            1024,
+        )
+        .unwrap();
+        assert_eq!(req.env["CNI_COMMAND"], "DEL");
+        let resp: Response = read_message(
+            &mut br#"{"code":0,"stdout":"","timings":{}}"#.as_slice(),
+            1024,
+        )
+        .unwrap();
+        assert_eq!(resp.code, 0);
+    }
+
     #[test]
     fn round_trip_and_size_limit() {
         let req = Request {

@@ -153,4 +153,22 @@ mod tests {
         assert!(live.exists(), "removed when its write is over");
         assert!(take_for_replay(t.path(), &store).is_empty(), "once");
     }
+
+    /// A record in the format every daemon so far wrote, and one from a newer plexus that adds
+    /// a field, are both read (an upgrade or a downgrade with writes pending loses none).
+    #[test]
+    fn records_of_earlier_and_newer_daemons_are_read() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir(t.path())).unwrap();
+        let written = r#"{"containerId":"c1","ifname":"eth0","pod":{"namespace":"db","name":"p","uid":"u1","infra_container_id":"c1"},"status":"[]"}"#;
+        let newer = r#"{"containerId":"c2","ifname":"eth0","pod":{"namespace":"db","name":"q","uid":"u2","infra_container_id":"c2"},"status":"[]","attempts":3}"#;
+        std::fs::write(dir(t.path()).join("c1.json"), written).unwrap();
+        std::fs::write(dir(t.path()).join("c2.json"), newer).unwrap();
+        let mut got: Vec<String> = pending(t.path())
+            .into_iter()
+            .map(|(_, p)| format!("{}/{}", p.container_id, p.pod.uid))
+            .collect();
+        got.sort();
+        assert_eq!(got, vec!["c1/u1", "c2/u2"]);
+    }
 }
