@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 export PLEXUS_SETUP_VM=1
 source scripts/setup.sh
 export CARGO_TERM_COLOR=never
+# One full run builds every test binary once: incremental caches would only add gigabytes of disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Every binary, built once up front (the e2e tests link their own copies through e2e-bin/; this
