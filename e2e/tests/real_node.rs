@@ -22,6 +22,7 @@
 //! real_node -- NAME` runs the cases whose name contains NAME, plus the setup; `calico/…` starts
 //! only calico's node).
 
+#[allow(dead_code)]
 #[path = "real_node/api.rs"]
 mod api;
 mod common;

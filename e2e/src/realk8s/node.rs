@@ -193,6 +193,20 @@ impl<'a> Node<'a> {
         Ok(())
     }
 
+    /// Restart the kubelet (SIGTERM, then the same command line), as a node upgrade or a
+    /// config change does; pods keep running meanwhile.
+    pub fn restart_kubelet(&self) -> Result<()> {
+        if let Some(mut k) = self
+            .kubelet
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            k.stop(Duration::from_secs(10));
+        }
+        self.start_kubelet(self.cp.bins())
+    }
+
     /// The node's name (pods set `spec.nodeName` to it).
     pub fn name(&self) -> &str {
         &self.name

@@ -261,6 +261,11 @@ impl PlexusDaemon {
         self.proc.stop(Duration::from_secs(10));
     }
 
+    /// SIGKILL (a crash): its socket file stays behind.
+    pub fn kill(mut self) {
+        self.proc.kill();
+    }
+
     /// Sum of its `/metrics` series `name` whose labels contain all of `labels`.
     pub fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
         scrape_metric(self.metrics_port, name, labels)

@@ -53,6 +53,15 @@ impl Proc {
         }
     }
 
+    /// `SIGKILL` to the group at once (a crash, an OOM kill), then wait for the leader.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        let _ = child.wait();
+    }
+
     /// `SIGTERM` to the group, `SIGKILL` after `grace`; waits for the leader.
     pub fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {

@@ -92,6 +92,16 @@ impl Api {
         )?;
         Ok(v["items"].as_array().cloned().unwrap_or_default())
     }
+
+    /// Events in `ns` with reason `reason`.
+    pub fn events_with_reason(&self, ns: &str, reason: &str) -> Result<Vec<Value>> {
+        let v = self.send(
+            "GET",
+            &format!("/api/v1/namespaces/{ns}/events?fieldSelector=reason%3D{reason}"),
+            None,
+        )?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    }
 }
 
 fn not_found(e: &anyhow::Error) -> bool {

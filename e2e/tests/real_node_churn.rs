@@ -1,0 +1,489 @@
+//! Node tier, day-2 operations under churn: a real kubelet and containerd on a real
+//! kube-apiserver, flannel as the cluster network (calico with the compact list), plexus
+//! installed by `deploy/install.sh` with the command and environment of the DaemonSets in
+//! `deploy/` (thin: `kube-plexus-ds`; daemon: `kube-plexus-daemon`, with `plexus-daemon` as a
+//! process of the node). While each operation runs, a churn (`real_node/churn.rs`) creates a pod
+//! every 0.5 s (none, one and two extra networks in turn; at most 10 live, the oldest deleted)
+//! and checks each one once Running: exactly eth0 plus its networks in its netns, and the same
+//! in its network-status. A pod Running without its networks fails the case outright; so does a
+//! pod never Running, and anything left on the node once the churn's pods are gone (netns,
+//! veths, leases, plans, result caches, the overlay's per-pod state).
+//!
+//! Operations, in order (compact list: the ones marked *): the installer re-run with changed
+//! binaries and a changed config while the kubelet execs them (a rolling update of the
+//! DaemonSet); * thin → daemon (the daemon DaemonSet's installer replaces the thin one's, pods
+//! added under thin DELed through the daemon); * the daemon SIGKILLed and started again; the
+//! kubelet restarted; * daemon → thin (pods added through the daemon DELed by thin plexus).
+//! The table at the end gives, per operation, the pods created, Running correctly, on the wrong
+//! network, failed, the kubelet's sandbox retries and the median create → Running.
+//!
+//! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
+
+#[allow(dead_code)]
+#[path = "real_node/api.rs"]
+mod api;
+#[path = "real_node/churn.rs"]
+mod churn;
+mod common;
+#[allow(dead_code)]
+#[path = "real_node/pods.rs"]
+mod pods;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
+use plexus_e2e::realk8s::node::{wait_for, Node};
+use plexus_e2e::realk8s::node_rig::{
+    selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+};
+use plexus_e2e::realk8s::overlay::{Kind, Overlay};
+use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, free_port, setup_or_report, ControlPlane, Proc, Suite,
+};
+use serde_json::{json, Value};
+
+use api::Api;
+use churn::{Churn, Form, Outcome, Spec};
+use pods::{median, wait_until_plexus_is_in_the_path};
+
+const NS: &str = "app";
+
+/// Churn before and after each operation.
+const BEFORE: Duration = Duration::from_secs(8);
+const AFTER: Duration = Duration::from_secs(12);
+
+fn main() -> ExitCode {
+    let Some(cp) = control_plane_or_skip() else {
+        return ExitCode::SUCCESS;
+    };
+    let mut suite = Suite::new("real_node_churn");
+    let rig = Rig::builder().namespaces(&[NS]).build(&cp);
+    let Some(_rig) = setup_or_report("real_node_churn", &cp, rig) else {
+        return ExitCode::FAILURE;
+    };
+    for (kind, octet, full) in
+        selected_overlays(&[(Kind::Flannel, 242, true), (Kind::Calico, 247, false)])
+    {
+        let Some(mut tier) = setup_or_report("real_node_churn", &cp, Tier::start(&cp, kind, octet))
+        else {
+            return ExitCode::FAILURE;
+        };
+        run_cases(&mut suite, &mut tier, full);
+        tier.print_table();
+        tier.daemon.take();
+        tier.installer.take();
+        tier.overlay.stop();
+        tier.node.stop();
+        let _ = std::fs::remove_file(tier.socket());
+        let _ = std::fs::remove_dir(tier.run_dir());
+        drop(tier);
+    }
+    suite.finish()
+}
+
+fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
+    let k = tier.overlay.kind().name();
+    let name = |c: &str| format!("{k}/{c}");
+    let installed = tier.install_thin();
+    let ok = installed.is_ok();
+    if let Err(e) = &installed {
+        eprintln!("real_node_churn: {k}: install failed: {e:#}");
+    }
+    suite.case(&name("thin_installed_by_install_sh"), || installed);
+    if !ok {
+        return;
+    }
+    if full {
+        suite.case(
+            &name("binaries_and_config_replaced_while_the_kubelet_execs_them"),
+            || tier.under_churn("update", Tier::rolling_update),
+        );
+    }
+    suite.case(&name("thin_to_daemon_under_churn"), || {
+        tier.under_churn("todaemon", Tier::thin_to_daemon)
+    });
+    suite.case(&name("daemon_sigkilled_and_restarted_under_churn"), || {
+        tier.under_churn("dkill", Tier::kill_daemon)
+    });
+    if full {
+        suite.case(&name("kubelet_restarted_under_churn"), || {
+            tier.under_churn("kubelet", |t| t.node.restart_kubelet())
+        });
+    }
+    suite.case(&name("daemon_to_thin_under_churn"), || {
+        tier.under_churn("tothin", Tier::daemon_to_thin)
+    });
+}
+
+/// A short unique link name (at most 15 bytes).
+fn link(suffix: &str) -> String {
+    format!("pxc{}{suffix}", std::process::id() % 100_000)
+}
+
+/// One row of the table.
+struct Row {
+    op: String,
+    secs: f64,
+    out: Outcome,
+}
+
+struct Tier<'a> {
+    cp: &'a ControlPlane,
+    node: Node<'a>,
+    api: Api,
+    overlay: Overlay,
+    bridges: Vec<String>,
+    installer: Option<Proc>,
+    daemon: Option<PlexusDaemon>,
+    metrics_port: u16,
+    token: String,
+    /// Every sandbox ID and netns the churns saw (leak checks).
+    seen: Vec<String>,
+    seen_netns: Vec<String>,
+    rows: Vec<Row>,
+}
+
+impl<'a> Tier<'a> {
+    fn start(cp: &'a ControlPlane, kind: Kind, octet: u8) -> Result<Tier<'a>> {
+        let k = kind.name();
+        let bridges = vec![link(&format!("{}a", &k[..1])), link(&format!("{}b", &k[..1]))];
+        let OverlayNode { node, overlay } = OverlayNode::start(
+            cp,
+            kind,
+            octet,
+            &link(&k[..1]),
+            &format!("plexus-cnode-{k}"),
+            &bridges,
+        )?;
+        Ok(Tier {
+            cp,
+            node,
+            api: Api::new(&cp.admin_kubeconfig())?,
+            overlay,
+            bridges,
+            installer: None,
+            daemon: None,
+            metrics_port: free_port()?,
+            token: String::new(),
+            seen: Vec::new(),
+            seen_netns: Vec::new(),
+            rows: Vec::new(),
+        })
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/run/plexus-e2e-{}", self.node.name()))
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.run_dir().join("plexus.sock")
+    }
+
+    fn conf(&self) -> PathBuf {
+        // flannel's and calico's conflists say cniVersion 0.3.1: install.sh writes a .conf.
+        self.node.conf_dir().join("00-plexus.conf")
+    }
+
+    /// The config's plugin type (`plexus` or `plexus-shim`).
+    fn conf_type(&self) -> Result<String> {
+        let v: Value = serde_json::from_slice(&std::fs::read(self.conf())?)?;
+        Ok(v["type"].as_str().unwrap_or("").to_string())
+    }
+
+    /// RBAC, the DaemonSets, the thin installer, two bridge NADs; a probe pod gets plexus.
+    fn install_thin(&mut self) -> Result<()> {
+        let cp = self.cp;
+        cp.apply_deploy(&[
+            "nad-crd.yaml",
+            "rbac.yaml",
+            "rbac-daemon.yaml",
+            "plexus-daemonset.yaml",
+            "plexus-daemon-daemonset.yaml",
+        ])?;
+        self.token = plexus_token(cp, &PlexusToken::Unbound)?;
+        cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &self.token)?;
+        self.run_installer("kube-plexus-ds", &self.binaries(false), json!({}))?;
+        let ipam = |subnet: &str| json!({"type":"host-local","dataDir":self.node.ipam_dir(),"ranges":[[{"subnet":subnet}]]});
+        for (i, name) in ["br-a", "br-b"].into_iter().enumerate() {
+            let cfg = json!({"cniVersion":"1.0.0","name":name,"type":"bridge",
+                "bridge":self.bridges[i],"ipam":ipam(&format!("10.236.{}.0/24", i + 1))});
+            let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}});
+            cp.apply(&nad.to_string())?;
+        }
+        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
+        let probe = self.api.get_pod(NS, "probe")?.context("probe")?;
+        let (sb, netns) = self
+            .node
+            .pod_sandbox(probe["metadata"]["uid"].as_str().context("uid")?)?;
+        self.seen.push(sb);
+        self.seen_netns.push(netns.clone());
+        pods::delete_and_wait(
+            &self.api,
+            NS,
+            "probe",
+            &["probe".into()],
+            &[netns],
+            Duration::from_secs(30),
+        )?;
+        self.wait_clean()
+    }
+
+    /// The image's binaries: plexus and sriov, plus plexus-shim for the daemon's installer.
+    fn binaries(&self, daemon: bool) -> Vec<(&'static str, PathBuf)> {
+        let mut v = vec![
+            ("plexus", common::bin("plexus")),
+            ("sriov", common::bin("sriov")),
+        ];
+        if daemon {
+            v.push(("plexus-shim", common::bin("plexus-shim")));
+        }
+        v
+    }
+
+    /// Stop the running installer (SIGTERM, as a rollout does: its config stays), then run
+    /// install.sh with the command and environment of `daemonset`'s install container, this
+    /// node's paths and `extra` merged into its `PLEXUS_EXTRA_CONFIG`; wait for its ready file.
+    fn run_installer(
+        &mut self,
+        daemonset: &str,
+        binaries: &[(&str, PathBuf)],
+        extra: Value,
+    ) -> Result<()> {
+        if let Some(mut old) = self.installer.take() {
+            old.stop(Duration::from_secs(10));
+        }
+        let install = InstallSh::from_daemonset(self.cp, daemonset, "install-plexus")?;
+        let mut cfg = install.extra.clone();
+        if cfg.get("daemonSocket").is_some() {
+            cfg["daemonSocket"] = json!(self.socket());
+        }
+        cfg["cniDir"] = json!(self.node.plexus_dir());
+        cfg["nadPolicy"] = nad_policy_allowing(&[&self.node.ipam_dir()]);
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            cfg[k] = v.clone();
+        }
+        // The new container's emptyDir starts empty (the installer removes it too, but only
+        // once its shell runs).
+        let ready = InstallSh::ready_file(&self.node);
+        let _ = std::fs::remove_file(&ready);
+        let proc = install.spawn(self.cp, &self.node, &self.token, binaries, &cfg)?;
+        self.installer = Some(proc);
+        wait_for(
+            "the installer's ready file",
+            Duration::from_secs(60),
+            || Ok(ready.exists()),
+        )
+        .with_context(|| plexus_e2e::realk8s::tail(&self.node.path("installer.log"), 20))
+    }
+
+    fn start_daemon(&mut self) -> Result<()> {
+        std::fs::create_dir_all(self.run_dir())?;
+        let daemon = PlexusDaemon::start(&DaemonOpts {
+            bin: &common::bin("plexus-daemon"),
+            socket: &self.socket(),
+            kubeconfig: &self.node.path("daemon.kubeconfig"),
+            node: self.node.name(),
+            dir: self.node.dir(),
+            metrics_port: self.metrics_port,
+        })?;
+        self.daemon = Some(daemon);
+        Ok(())
+    }
+
+    // -------------------------------------------------------------------------- operations
+
+    /// A rolling update of the thin DaemonSet: the installer restarted with binaries whose
+    /// bytes differ (each with a trailing marker) and a config that differs (`logLevel`): both
+    /// renamed into place while containerd execs and reads them.
+    fn rolling_update(&mut self) -> Result<()> {
+        let dir = self.node.path("next-image");
+        std::fs::create_dir_all(&dir)?;
+        let mut next = Vec::new();
+        for (name, file) in self.binaries(false) {
+            let mut bytes = std::fs::read(&file)?;
+            bytes.extend_from_slice(b"\0plexus-next-build\0");
+            let dst = dir.join(name);
+            std::fs::write(&dst, &bytes)?;
+            std::fs::set_permissions(&dst, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+            next.push((name, dst));
+        }
+        self.run_installer("kube-plexus-ds", &next, json!({"logLevel": "info"}))?;
+        for (name, file) in &next {
+            ensure!(
+                std::fs::read(self.node.bin_dir().join(name))? == std::fs::read(file)?,
+                "{name} in the CNI bin dir is not the new build"
+            );
+        }
+        let conf: Value = serde_json::from_slice(&std::fs::read(self.conf())?)?;
+        ensure!(conf["logLevel"] == "info", "config not rewritten: {conf}");
+        Ok(())
+    }
+
+    /// The daemon DaemonSet replaces the thin one: the daemon starts, then its installer runs
+    /// (the thin installer stopped); the config becomes plexus-shim's.
+    fn thin_to_daemon(&mut self) -> Result<()> {
+        self.start_daemon()?;
+        self.run_installer("kube-plexus-daemon", &self.binaries(true), json!({}))?;
+        ensure!(self.conf_type()? == "plexus-shim");
+        Ok(())
+    }
+
+    /// SIGKILL the daemon (its socket stays), 3 s of the shim's thin fallback, start it again.
+    fn kill_daemon(&mut self) -> Result<()> {
+        self.daemon.take().context("daemon not running")?.kill();
+        std::thread::sleep(Duration::from_secs(3));
+        self.start_daemon()
+    }
+
+    /// The thin DaemonSet replaces the daemon one: its installer writes plexus' config, then
+    /// the daemon stops (SIGTERM).
+    fn daemon_to_thin(&mut self) -> Result<()> {
+        self.run_installer("kube-plexus-ds", &self.binaries(false), json!({}))?;
+        ensure!(self.conf_type()? == "plexus");
+        self.daemon.take().context("daemon not running")?.stop();
+        Ok(())
+    }
+
+    // -------------------------------------------------------------------------------- churn
+
+    /// Churn for [`BEFORE`], run `op`, churn for [`AFTER`], then every churn pod deleted: no
+    /// pod on the wrong network, none failed, nothing left on the node.
+    fn under_churn(
+        &mut self,
+        label: &str,
+        op: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let net = self.overlay.network_name().to_string();
+        let spec = Spec {
+            kubeconfig: self.cp.admin_kubeconfig(),
+            cri_socket: self.node.path("containerd/containerd.sock"),
+            ns: NS.into(),
+            node: self.node.name().into(),
+            prefix: label.into(),
+            default_net: net,
+            interval: Duration::from_millis(500),
+            live: 10,
+            run_deadline: Duration::from_secs(90),
+            forms: vec![
+                Form {
+                    annotation: None,
+                    extra: vec![],
+                },
+                Form {
+                    annotation: Some(json!("br-a")),
+                    extra: vec![("app/br-a".into(), "net1".into())],
+                },
+                Form {
+                    annotation: Some(json!([{"name": "br-a"}, {"name": "br-b", "interface": "data1"}])),
+                    extra: vec![
+                        ("app/br-a".into(), "net1".into()),
+                        ("app/br-b".into(), "data1".into()),
+                    ],
+                },
+            ],
+        };
+        let churn = Churn::start(spec);
+        std::thread::sleep(BEFORE);
+        let t0 = std::time::Instant::now();
+        let r = op(self);
+        let secs = t0.elapsed().as_secs_f64();
+        std::thread::sleep(AFTER);
+        let out = churn.finish()?;
+        self.seen.extend(out.sandboxes.iter().cloned());
+        self.seen_netns.extend(out.netns.iter().cloned());
+        r.with_context(|| format!("the operation ({})", self.node.logs(10)))?;
+        println!(
+            "    {label}: {} pods created, {} correct, {} wrong network, {} failed, {} sandbox retries, create→Running median {:.0} ms; operation {secs:.1} s",
+            out.created,
+            out.correct,
+            out.wrong_network.len(),
+            out.failed.len(),
+            out.sandbox_retries,
+            median(&out.running_ms)
+        );
+        let clean = out.ensure_clean();
+        self.rows.push(Row {
+            op: label.into(),
+            secs,
+            out,
+        });
+        clean?;
+        ensure!(self.installer.as_mut().is_some_and(|p| p.check_alive().is_ok()), "the installer exited");
+        self.wait_clean()
+    }
+
+    /// Plans and result files, leases, netns, veths on the bridges, the overlay's per-pod
+    /// state, libcni cache entries.
+    fn leftovers(&self) -> Vec<String> {
+        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
+            .into_iter()
+            .map(|f| format!("plexus: {f}"))
+            .collect();
+        v.extend(
+            common::files_under(&self.node.ipam_dir())
+                .into_iter()
+                .map(|f| format!("lease: {f}")),
+        );
+        v.extend(
+            self.seen_netns
+                .iter()
+                .filter(|n| Path::new(n).exists())
+                .map(|n| format!("netns: {n}")),
+        );
+        for br in self.overlay.bridge().iter().chain(&self.bridges) {
+            let out = common::ip(&["-j", "link", "show", "master", br]);
+            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
+            for l in links.as_array().into_iter().flatten() {
+                v.push(format!("veth on {br}: {}", l["ifname"]));
+            }
+        }
+        v.extend(self.overlay.leftovers(self.cp, &self.node, &self.seen));
+        if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if self.seen.iter().any(|s| n.contains(s.as_str())) {
+                    v.push(format!("libcni cache: {n}"));
+                }
+            }
+        }
+        v
+    }
+
+    /// Wait (15 s) until nothing is left.
+    fn wait_clean(&self) -> Result<()> {
+        wait_for("nothing left on the node", Duration::from_secs(15), || {
+            Ok(self.leftovers().is_empty())
+        })
+        .with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    fn print_table(&self) {
+        if self.rows.is_empty() {
+            return;
+        }
+        println!(
+            "\n  day-2 operations under churn ({}; a pod per 0.5 s, at most 10 live):",
+            self.overlay.kind().name()
+        );
+        println!("  | operation | op s | pods | correct | wrong network | failed | sandbox retries | create→Running p50 ms |");
+        println!("  |---|---|---|---|---|---|---|---|");
+        for r in &self.rows {
+            println!(
+                "  | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} |",
+                r.op,
+                r.secs,
+                r.out.created,
+                r.out.correct,
+                r.out.wrong_network.len(),
+                r.out.failed.len(),
+                r.out.sandbox_retries,
+                median(&r.out.running_ms)
+            );
+        }
+    }
+}
