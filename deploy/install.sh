@@ -11,6 +11,10 @@
 #     seconds and regenerates what changed. It never removes the config, not even on exit.
 #  With --ready-file, that file is removed at start and created once 1-3 are done (the
 #  DaemonSet's readiness probe: a config left by an earlier version must not make a new pod Ready).
+#  With --uninstall, instead (docs/upgrade.md): marks the config `uninstalling` (new pods get the
+#  cluster network alone, told by an event), waits until no saved plan has a secondary network
+#  (those pods are deleted or drained; their DEL still runs through plexus), then removes the
+#  config, the binaries, plexus.d, the state dir and the runtime's result cache of plexus' network.
 #
 # Needs: sh, coreutils (cp, mv, cmp, dd, sha256sum, base64), jq. See deploy/README.md.
 set -eu
@@ -40,6 +44,10 @@ SKIP_KUBECONFIG=false
 WATCH=false
 WATCH_INTERVAL=${PLEXUS_WATCH_INTERVAL:-5}
 READY_FILE=${PLEXUS_READY_FILE:-}
+UNINSTALL=${PLEXUS_UNINSTALL:-false}
+STATE_DIR=${PLEXUS_STATE_DIR:-}
+CNI_CACHE_DIR=${PLEXUS_CNI_CACHE_DIR:-/var/lib/cni/results}
+SETTLE=${PLEXUS_UNINSTALL_SETTLE_SECONDS:-10}
 
 usage() {
 	cat <<'EOF'
@@ -70,6 +78,13 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --watch-interval SECONDS  [5]
   --ready-file PATH         removed at start, created once binaries, kubeconfig and config are
                             in place (for a readiness probe)
+  --uninstall               remove plexus from the node once no pod on it has a secondary
+                            network (new pods meanwhile get the cluster network alone); with
+                            --watch it then idles; the ready file says it is done
+  --state-dir DIR           plexus' state dir (plans)         [the config's cniDir, else
+                                                               /var/lib/cni/plexus]
+  --cni-cache-dir DIR       the runtime's libcni result cache  [/var/lib/cni/results]
+  --uninstall-settle SECONDS  wait for calls in flight after each config change  [10]
 Kubernetes API address: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT and optionally
 KUBERNETES_SERVICE_PROTOCOL (https).
 EOF
@@ -120,6 +135,10 @@ while [ "$#" -gt 0 ]; do
 	--watch) WATCH=true ;;
 	--watch-interval) need_value "$@"; WATCH_INTERVAL=$2; shift ;;
 	--ready-file) need_value "$@"; READY_FILE=$2; shift ;;
+	--uninstall) UNINSTALL=true ;;
+	--state-dir) need_value "$@"; STATE_DIR=$2; shift ;;
+	--cni-cache-dir) need_value "$@"; CNI_CACHE_DIR=$2; shift ;;
+	--uninstall-settle) need_value "$@"; SETTLE=$2; shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; die "unknown option: $opt" ;;
 	esac
@@ -132,6 +151,7 @@ auto | 00-plexus.conf | 00-plexus.conflist) ;;
 *) die "--conf-name must end in .conf or .conflist (got $CONF_NAME)" ;;
 esac
 case $PRIMARY_WAIT in '' | *[!0-9]*) die "--primary-wait must be whole seconds" ;; esac
+case $SETTLE in '' | *[!0-9]*) die "--uninstall-settle must be whole seconds" ;; esac
 command -v jq >/dev/null 2>&1 || die "jq is required"
 printf '%s' "$EXTRA_CONFIG" | jq -e 'type == "object"' >/dev/null 2>&1 ||
 	die "--extra-config must be a JSON object"
@@ -465,12 +485,118 @@ check_not_shadowed() {
 	done
 }
 
+# --------------------------------------------------------------------------------------- uninstall
+
+# The published plexus config, if any.
+current_config() {
+	for f in "$CONF_DIR/00-plexus.conflist" "$CONF_DIR/00-plexus.conf"; do
+		if [ -f "$f" ]; then
+			echo "$f"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# Saved plans (of pods on this node) with a secondary network: their DEL needs plexus.
+plans_with_secondaries() {
+	[ -d "$STATE_DIR/plans" ] || return 0
+	for p in "$STATE_DIR"/plans/*.json; do
+		[ -f "$p" ] || continue
+		# A plan that cannot be read is waited on too: plexus' DEL knows what to do with it.
+		if ! jq -e '[.attachments[]? | select(.isDefault != true)] | length == 0' "$p" >/dev/null 2>&1; then
+			jq -r '(.pod.namespace // "?") + "/" + (.pod.name // "?") + " (" + (.containerId // "?") + ")"' "$p" 2>/dev/null || echo "$p"
+		fi
+	done
+}
+
+uninstall() {
+	name=$NETWORK_NAME
+	if conf=$(current_config); then
+		dir=$(jq -r '(.plugins[0] // .).cniDir // empty' "$conf" 2>/dev/null) || dir=
+		[ -n "$STATE_DIR" ] || STATE_DIR=${dir:-/var/lib/cni/plexus}
+		name=$(jq -r '.name // empty' "$conf" 2>/dev/null) || name=
+		name=${name:-$NETWORK_NAME}
+		if ! jq -e '(.plugins[0] // .).uninstalling == true' "$conf" >/dev/null 2>&1; then
+			tmp=$CONF_DIR/.${conf##*/}.plexus-tmp.$$
+			track "$tmp"
+			jq 'if (.plugins | type) == "array" then .plugins[0].uninstalling = true else .uninstalling = true end' \
+				"$conf" >"$tmp" || die "cannot mark $conf uninstalling"
+			chmod 0644 "$tmp"
+			mv -f "$tmp" "$conf" || die "cannot rename $tmp to $conf"
+			# containerd 1.6 reloads on a write event, not on the rename's create.
+			cp "$conf" "$tmp" && dd if="$tmp" of="$conf" conv=notrunc status=none && rm -f "$tmp"
+			log "marked $conf uninstalling: new pods get the cluster network only"
+		fi
+		# Calls that started under the previous config save their plans first.
+		sleep "$SETTLE"
+		waited=0
+		clear=0
+		while [ "$clear" -lt 2 ]; do
+			left=$(plans_with_secondaries)
+			if [ -z "$left" ]; then
+				clear=$((clear + 1))
+			else
+				clear=0
+				if [ $((waited % 60)) -eq 0 ]; then
+					log "waiting for $(printf '%s\n' "$left" | wc -l) pod(s) with secondary networks to be deleted: $(printf '%s\n' "$left" | head -n 5 | tr '\n' ' ')"
+				fi
+			fi
+			[ "$clear" -ge 2 ] && break
+			sleep 2
+			waited=$((waited + 2))
+		done
+		# containerd 1.6 reloads on the remove event: the primary config is first again.
+		rm -f "$CONF_DIR/00-plexus.conflist" "$CONF_DIR/00-plexus.conf"
+		log "removed $conf: new pods get the cluster network's config alone"
+		sleep "$SETTLE"
+	fi
+	[ -n "$STATE_DIR" ] || STATE_DIR=/var/lib/cni/plexus
+	for b in $BINARIES; do
+		dst=$BIN_DIR/$b
+		[ -f "$dst" ] || continue
+		# Never another sriov plugin (sriov-cni) that happens to be installed under that name.
+		if [ "$b" = sriov ] && ! grep -q PLEXUS_SRIOV_STATE_DIR "$dst"; then
+			log "$dst is not plexus' sriov; left in place"
+			continue
+		fi
+		rm -f "$dst"
+		log "removed $dst"
+	done
+	rm -rf "$PLEXUS_D"
+	if [ -d "$STATE_DIR" ]; then
+		find "$STATE_DIR" -mindepth 1 -delete 2>/dev/null || log "could not empty $STATE_DIR"
+	fi
+	# The runtime's cached results of pods still running under plexus' network name: their
+	# DEL now comes with the primary's name, so nothing would ever remove them.
+	if [ -d "$CNI_CACHE_DIR" ]; then
+		for f in "$CNI_CACHE_DIR/$name"-*; do
+			[ -f "$f" ] && rm -f "$f"
+		done
+	fi
+	log "uninstalled"
+}
+
 # ------------------------------------------------------------------------------------------ main
 
 # A ready file from an earlier run of this pod (a container restart keeps its emptyDir) would
 # report the node ready before this run has published anything.
 if [ -n "$READY_FILE" ]; then
 	rm -f "$READY_FILE" || die "cannot remove $READY_FILE"
+fi
+if [ "$UNINSTALL" = true ]; then
+	uninstall
+	if [ -n "$READY_FILE" ]; then
+		case $READY_FILE in */*) mkdir -p "${READY_FILE%/*}" ;; esac
+		: >"$READY_FILE" || die "cannot create $READY_FILE"
+	fi
+	[ "$WATCH" = true ] || exit 0
+	log "idle (nothing to watch once uninstalled)"
+	while :; do
+		sleep 3600 &
+		SLEEP_PID=$!
+		wait "$SLEEP_PID" || true
+	done
 fi
 [ "$SKIP_BINARIES" = true ] || install_binaries
 [ "$SKIP_KUBECONFIG" = true ] || write_kubeconfig

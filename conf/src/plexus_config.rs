@@ -126,6 +126,11 @@ pub struct PlexusConfig {
     /// devices): docs/security.md.
     #[serde(default)]
     pub nad_policy: crate::nad_policy::NadPolicy,
+    /// Plexus: the node is being uninstalled (`install.sh --uninstall` sets it): a new pod
+    /// gets its cluster network only, with a Warning event naming the networks it asked for,
+    /// while pods attached earlier are still DELed from their plans.
+    #[serde(default)]
+    pub uninstalling: bool,
     /// Runtime-provided previous result (plexus as a chained plugin; unused).
     #[serde(default)]
     pub prev_result: Option<Value>,

@@ -13,9 +13,13 @@
 //! binaries and a changed config while the kubelet execs them (a rolling update of the
 //! DaemonSet); * thin → daemon (the daemon DaemonSet's installer replaces the thin one's, pods
 //! added under thin DELed through the daemon); * the daemon SIGKILLed and started again; the
-//! kubelet restarted; * daemon → thin (pods added through the daemon DELed by thin plexus).
-//! The table at the end gives, per operation, the pods created, Running correctly, on the wrong
-//! network, failed, the kubelet's sandbox retries and the median create → Running.
+//! kubelet restarted; * daemon → thin (pods added through the daemon DELed by thin plexus);
+//! last, the uninstall DaemonSet (`deploy/uninstall/`) applied: pods created before it keep
+//! their networks and are DELed through plexus, pods created during it get the cluster network
+//! alone with a `NetworksNotAttached` event, then without plexus at all; nothing of plexus is
+//! left. The table at the end gives, per operation, the pods created, Running correctly, with
+//! the cluster network only, on the wrong network, failed, the kubelet's sandbox retries and the
+//! median create → Running.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
 
@@ -31,7 +35,7 @@ mod pods;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
@@ -47,7 +51,7 @@ use plexus_e2e::realk8s::{
 use serde_json::{json, Value};
 
 use api::Api;
-use churn::{Churn, Form, Outcome, Spec};
+use churn::{Churn, Form, Outcome, Spec, Verdict};
 use pods::{median, wait_until_plexus_is_in_the_path};
 
 const NS: &str = "app";
@@ -117,6 +121,17 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
     suite.case(&name("daemon_to_thin_under_churn"), || {
         tier.under_churn("tothin", Tier::daemon_to_thin)
     });
+    if full {
+        // Last: plexus is gone from the node after it.
+        suite.case(
+            &name("uninstalled_under_churn_old_pods_deleted_through_plexus"),
+            || tier.under_churn_judged("uninstall", Tier::uninstall, Tier::judge_uninstall),
+        );
+    }
+}
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
 }
 
 /// A short unique link name (at most 15 bytes).
@@ -150,7 +165,10 @@ struct Tier<'a> {
 impl<'a> Tier<'a> {
     fn start(cp: &'a ControlPlane, kind: Kind, octet: u8) -> Result<Tier<'a>> {
         let k = kind.name();
-        let bridges = vec![link(&format!("{}a", &k[..1])), link(&format!("{}b", &k[..1]))];
+        let bridges = vec![
+            link(&format!("{}a", &k[..1])),
+            link(&format!("{}b", &k[..1])),
+        ];
         let OverlayNode { node, overlay } = OverlayNode::start(
             cp,
             kind,
@@ -275,7 +293,7 @@ impl<'a> Tier<'a> {
         self.installer = Some(proc);
         wait_for(
             "the installer's ready file",
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || Ok(ready.exists()),
         )
         .with_context(|| plexus_e2e::realk8s::tail(&self.node.path("installer.log"), 20))
@@ -349,14 +367,101 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
+    /// `deploy/uninstall/plexus-uninstall.yaml` applied over the thin DaemonSet, its installer
+    /// run (`--uninstall`): ready once plexus is gone from the node; nothing of plexus is left.
+    fn uninstall(&mut self) -> Result<()> {
+        self.cp
+            .apply_file(&repo("deploy/uninstall/plexus-uninstall.yaml"))?;
+        self.run_installer("kube-plexus-ds", &self.binaries(true), json!({}))?;
+        let log = std::fs::read_to_string(self.node.path("installer.log"))?;
+        ensure!(
+            log.contains("uninstalled"),
+            "no 'uninstalled' in the installer's log"
+        );
+        let mut left = Vec::new();
+        for f in [
+            self.node.conf_dir().join("00-plexus.conf"),
+            self.node.conf_dir().join("00-plexus.conflist"),
+            self.node.conf_dir().join("plexus.d"),
+            self.node.bin_dir().join("plexus"),
+            self.node.bin_dir().join("plexus-shim"),
+            self.node.bin_dir().join("sriov"),
+        ] {
+            if f.exists() {
+                left.push(f);
+            }
+        }
+        ensure!(left.is_empty(), "left after uninstall: {left:?}");
+        Ok(())
+    }
+
+    /// The churn across the uninstall: pods created before it got their networks; pods
+    /// created after it started got the cluster network alone, told by a `NetworksNotAttached`
+    /// event while plexus was still in the path (network-status lists eth0), and with no
+    /// network-status once plexus' config was gone; none on a wrong network, none failed.
+    fn judge_uninstall(&self, out: &Outcome, started: Instant) -> Result<()> {
+        ensure!(
+            out.wrong_network.is_empty() && out.failed.is_empty(),
+            "wrong network: {:?}; failed: {:?}",
+            out.wrong_network,
+            out.failed
+        );
+        let early: Vec<&str> = out
+            .cluster_only()
+            .iter()
+            .filter(|p| p.created < started)
+            .map(|p| p.name.as_str())
+            .collect();
+        ensure!(
+            early.is_empty(),
+            "created before the uninstall, yet the cluster network alone: {early:?}"
+        );
+        let mut told = 0;
+        let mut untold = Vec::new();
+        let mut after_removal = 0;
+        for p in out.cluster_only() {
+            match p.verdict {
+                Verdict::ClusterOnly { status: true } if p.form != 0 => {
+                    let events = self.api.events(NS, &p.name)?;
+                    if events.iter().any(|e| e["reason"] == "NetworksNotAttached") {
+                        told += 1;
+                    } else {
+                        untold.push(p.name.as_str());
+                    }
+                }
+                Verdict::ClusterOnly { status: false } => after_removal += 1,
+                _ => {}
+            }
+        }
+        ensure!(
+            untold.is_empty(),
+            "no NetworksNotAttached event on {untold:?}"
+        );
+        ensure!(
+            told > 0 && after_removal > 0,
+            "expected pods told by an event ({told}) and pods after the config's removal ({after_removal})"
+        );
+        println!(
+            "    uninstall: {told} pods told by an event while draining, {after_removal} after plexus' config was gone"
+        );
+        Ok(())
+    }
+
     // -------------------------------------------------------------------------------- churn
 
     /// Churn for [`BEFORE`], run `op`, churn for [`AFTER`], then every churn pod deleted: no
     /// pod on the wrong network, none failed, nothing left on the node.
-    fn under_churn(
+    fn under_churn(&mut self, label: &str, op: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        self.under_churn_judged(label, op, |_, out, _| out.ensure_clean())
+    }
+
+    /// [`Tier::under_churn`] with `judge` deciding what the pods must have got (given when the
+    /// operation started).
+    fn under_churn_judged(
         &mut self,
         label: &str,
         op: impl FnOnce(&mut Self) -> Result<()>,
+        judge: impl FnOnce(&Self, &Outcome, Instant) -> Result<()>,
     ) -> Result<()> {
         let net = self.overlay.network_name().to_string();
         let spec = Spec {
@@ -379,7 +484,9 @@ impl<'a> Tier<'a> {
                     extra: vec![("app/br-a".into(), "net1".into())],
                 },
                 Form {
-                    annotation: Some(json!([{"name": "br-a"}, {"name": "br-b", "interface": "data1"}])),
+                    annotation: Some(
+                        json!([{"name": "br-a"}, {"name": "br-b", "interface": "data1"}]),
+                    ),
                     extra: vec![
                         ("app/br-a".into(), "net1".into()),
                         ("app/br-b".into(), "data1".into()),
@@ -389,7 +496,7 @@ impl<'a> Tier<'a> {
         };
         let churn = Churn::start(spec);
         std::thread::sleep(BEFORE);
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let r = op(self);
         let secs = t0.elapsed().as_secs_f64();
         std::thread::sleep(AFTER);
@@ -406,14 +513,19 @@ impl<'a> Tier<'a> {
             out.sandbox_retries,
             median(&out.running_ms)
         );
-        let clean = out.ensure_clean();
+        let clean = judge(self, &out, t0);
         self.rows.push(Row {
             op: label.into(),
             secs,
             out,
         });
         clean?;
-        ensure!(self.installer.as_mut().is_some_and(|p| p.check_alive().is_ok()), "the installer exited");
+        ensure!(
+            self.installer
+                .as_mut()
+                .is_some_and(|p| p.check_alive().is_ok()),
+            "the installer exited"
+        );
         self.wait_clean()
     }
 
@@ -470,15 +582,16 @@ impl<'a> Tier<'a> {
             "\n  day-2 operations under churn ({}; a pod per 0.5 s, at most 10 live):",
             self.overlay.kind().name()
         );
-        println!("  | operation | op s | pods | correct | wrong network | failed | sandbox retries | create→Running p50 ms |");
-        println!("  |---|---|---|---|---|---|---|---|");
+        println!("  | operation | op s | pods | correct | cluster network only | wrong network | failed | sandbox retries | create→Running p50 ms |");
+        println!("  |---|---|---|---|---|---|---|---|---|");
         for r in &self.rows {
             println!(
-                "  | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} |",
+                "  | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.0} |",
                 r.op,
                 r.secs,
                 r.out.created,
                 r.out.correct,
+                r.out.cluster_only().len(),
                 r.out.wrong_network.len(),
                 r.out.failed.len(),
                 r.out.sandbox_retries,

@@ -52,9 +52,41 @@ pub struct Spec {
     pub forms: Vec<Form>,
 }
 
+/// How one pod came out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Running with exactly its networks.
+    Correct,
+    /// Running with eth0 alone although it asked for more, or with no network-status at all
+    /// (`status`: whether plexus wrote one): right only while plexus is being uninstalled.
+    ClusterOnly {
+        /// network-status present (eth0 only).
+        status: bool,
+    },
+    /// Running with other interfaces than it asked for, or a network-status that disagrees.
+    Wrong(String),
+    /// Not Running within the deadline.
+    Failed(String),
+}
+
+/// One pod's record.
+#[derive(Debug, Clone)]
+pub struct PodRecord {
+    /// Its name.
+    pub name: String,
+    /// Index into [`Spec::forms`].
+    pub form: usize,
+    /// When the churn created it.
+    pub created: Instant,
+    /// How it came out.
+    pub verdict: Verdict,
+}
+
 /// What the churn saw.
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// Every pod, in creation order, once settled.
+    pub pods: Vec<PodRecord>,
     /// Pods created.
     pub created: usize,
     /// Running with exactly their networks.
@@ -76,8 +108,27 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Pods on the wrong network or never Running, as an error.
+    /// Pods that got the cluster network alone.
+    pub fn cluster_only(&self) -> Vec<&PodRecord> {
+        self.pods
+            .iter()
+            .filter(|p| matches!(p.verdict, Verdict::ClusterOnly { .. }))
+            .collect()
+    }
+
+    /// Pods on the wrong network (cluster network only counts as wrong) or never Running, as
+    /// an error.
     pub fn ensure_clean(&self) -> Result<()> {
+        let cluster_only: Vec<&str> = self
+            .cluster_only()
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        anyhow::ensure!(
+            cluster_only.is_empty(),
+            "{} pod(s) Running with the cluster network alone: {cluster_only:?}",
+            cluster_only.len()
+        );
         anyhow::ensure!(
             self.wrong_network.is_empty() && self.failed.is_empty(),
             "{} pod(s) on the wrong network: {:?}; {} never Running: {:?}",
@@ -106,6 +157,8 @@ struct Live {
     /// DELETE sent: waiting for it and its netns to be gone.
     deleting: bool,
     netns: Option<String>,
+    /// First seen Running.
+    running_since: Option<Instant>,
 }
 
 impl Churn {
@@ -174,6 +227,7 @@ fn run(spec: &Spec, stop: &AtomicBool) -> Result<Outcome> {
                         settled: false,
                         deleting: false,
                         netns: None,
+                        running_since: None,
                     });
                     n += 1;
                 }
@@ -201,32 +255,49 @@ fn run(spec: &Spec, stop: &AtomicBool) -> Result<Outcome> {
             let Some(pod) = by_name(&l.name) else {
                 continue;
             };
-            if running(pod) {
+            let verdict = if running(pod) {
+                let first = *l.running_since.get_or_insert_with(Instant::now);
                 match check(spec, &cri, pod, &spec.forms[l.form], &mut out) {
-                    Ok(Some(netns)) => {
+                    Ok(Seen::Networks(netns, true)) => {
                         out.correct += 1;
                         out.running_ms
                             .push(l.created.elapsed().as_secs_f64() * 1000.0);
                         l.netns = Some(netns);
-                        l.settled = true;
+                        Some(Verdict::Correct)
                     }
-                    // Running, network-status not written yet.
-                    Ok(None) if l.created.elapsed() < spec.run_deadline + status_grace => {}
-                    Ok(None) => {
-                        out.wrong_network
-                            .push(format!("{}: Running, no network-status", l.name));
-                        l.settled = true;
+                    Ok(Seen::Networks(netns, false)) => {
+                        l.netns = Some(netns);
+                        Some(Verdict::ClusterOnly { status: true })
                     }
-                    Err(e) => {
-                        out.wrong_network.push(format!("{}: {e:#}", l.name));
-                        l.settled = true;
+                    // Running, network-status not written yet (daemon mode writes it after
+                    // the answer).
+                    Ok(Seen::NoStatus(_)) if first.elapsed() < status_grace => None,
+                    Ok(Seen::NoStatus(netns)) => {
+                        l.netns = Some(netns);
+                        Some(Verdict::ClusterOnly { status: false })
                     }
+                    Err(e) => Some(Verdict::Wrong(format!("{e:#}"))),
                 }
             } else if l.created.elapsed() > spec.run_deadline {
-                out.failed.push(format!(
-                    "{}: {} after {:?}",
-                    l.name, pod["status"]["phase"], spec.run_deadline
-                ));
+                Some(Verdict::Failed(format!(
+                    "{} after {:?}",
+                    pod["status"]["phase"], spec.run_deadline
+                )))
+            } else {
+                None
+            };
+            if let Some(v) = verdict {
+                match &v {
+                    Verdict::Wrong(why) => out.wrong_network.push(format!("{}: {why}", l.name)),
+                    Verdict::Failed(why) => out.failed.push(format!("{}: {why}", l.name)),
+                    _ => {}
+                }
+                out.pods.push(PodRecord {
+                    name: l.name.clone(),
+                    form: l.form,
+                    created: l.created,
+                    verdict: v,
+                });
                 l.settled = true;
             }
         }
@@ -279,16 +350,19 @@ fn run(spec: &Spec, stop: &AtomicBool) -> Result<Outcome> {
     Ok(out)
 }
 
-/// A Running pod's network: `Ok(Some(netns))` when its netns has exactly eth0 plus its form's
-/// interfaces and its network-status says the same, `Ok(None)` when network-status is not
-/// written yet but the netns is right, an error naming the difference otherwise.
-fn check(
-    spec: &Spec,
-    cri: &Cri,
-    pod: &Value,
-    form: &Form,
-    out: &mut Outcome,
-) -> Result<Option<String>> {
+/// What a Running pod's netns and network-status say.
+enum Seen {
+    /// network-status written; netns path, and whether the pod has all its networks (`false`:
+    /// eth0 alone although it asked for more, and network-status agreeing).
+    Networks(String, bool),
+    /// eth0 alone (or all its networks), no network-status (yet).
+    NoStatus(String),
+}
+
+/// A Running pod's network: its netns must hold eth0 plus either all of its form's interfaces
+/// or none of them, and network-status (once written) must list exactly what the netns holds;
+/// anything else is an error naming the difference.
+fn check(spec: &Spec, cri: &Cri, pod: &Value, form: &Form, out: &mut Outcome) -> Result<Seen> {
     let uid = pod["metadata"]["uid"].as_str().context("uid")?;
     let sb = cri
         .sandboxes(Some(uid))?
@@ -309,18 +383,21 @@ fn check(
     have.sort();
     let mut want_sorted = want.clone();
     want_sorted.sort();
+    let all = have == want_sorted;
     anyhow::ensure!(
-        have == want_sorted,
+        all || have == ["eth0"],
         "netns has {have:?}, its networks ask for {want:?}"
     );
     let status = network_status(pod)?;
     if status.is_empty() {
-        return Ok(None);
+        return Ok(Seen::NoStatus(netns));
     }
     let mut expected: Vec<(&str, &str)> = vec![(spec.default_net.as_str(), "eth0")];
-    expected.extend(form.extra.iter().map(|(n, i)| (n.as_str(), i.as_str())));
+    if all {
+        expected.extend(form.extra.iter().map(|(n, i)| (n.as_str(), i.as_str())));
+    }
     check_pod_network(&status, &netns, &expected)?;
-    Ok(Some(netns))
+    Ok(Seen::Networks(netns, all))
 }
 
 /// `FailedCreatePodSandBox` events about this churn's pods.

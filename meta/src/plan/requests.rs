@@ -45,6 +45,11 @@ pub fn requests(config: &PlexusConfig, pod: Option<&PodInfo>) -> Result<Requests
             .then(|| resolve::classify(&config.cluster_network, &config.multus_namespace)),
         ..Requests::default()
     };
+    // Being uninstalled: what the node will give once plexus' config is gone, the cluster
+    // network alone (the ADD tells the pod, see `verbs::add`).
+    if config.uninstalling {
+        return Ok(r);
+    }
     let in_system_ns = pod.is_some_and(|p| config.system_namespaces.contains(&p.id.namespace));
     if !in_system_ns {
         r.always = config
@@ -398,6 +403,25 @@ mod tests {
             .unwrap()
             .always
             .is_empty());
+    }
+
+    #[test]
+    fn an_uninstalling_node_gives_the_cluster_network_alone() {
+        let ann = [
+            (NETWORKS_ANNOTATION, "db/mv, db/sriov@net9"),
+            (DEFAULT_NETWORK_ANNOTATION, "db/other"),
+        ];
+        let c = config(json!({"clusterNetwork":"kube-system/flannel","defaultNetworks":["mon"]}));
+        let r = requests(&c, Some(&pod("db", &ann))).unwrap();
+        assert_eq!((r.selected.len(), r.always.len()), (2, 1));
+        assert!(r.default_override.is_some());
+        let c = config(
+            json!({"clusterNetwork":"kube-system/flannel","defaultNetworks":["mon"],
+            "uninstalling":true}),
+        );
+        let r = requests(&c, Some(&pod("db", &ann))).unwrap();
+        assert!(r.selected.is_empty() && r.always.is_empty() && r.default_override.is_none());
+        assert!(r.cluster.is_some());
     }
 
     #[test]

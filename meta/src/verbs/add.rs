@@ -12,6 +12,7 @@ use crate::report;
 use crate::state::SavedPlan;
 use plexus_conf::args::CniArgs;
 use plexus_conf::error::{code, CniError};
+use plexus_conf::k8s::selection::{DEFAULT_NETWORK_ANNOTATION, NETWORKS_ANNOTATION};
 use plexus_conf::version;
 use plexus_delegates::skel::{AddOutput, CmdArgs};
 use plexus_delegates::timing;
@@ -138,6 +139,9 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
             return Err(e);
         }
     };
+    if ctx.config.uninstalling {
+        tell_networks_not_attached(ctx, client.as_ref(), pod.as_ref());
+    }
     Ok(Prepared {
         id,
         client,
@@ -146,6 +150,33 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         plan,
         address_lock,
     })
+}
+
+/// On a node being uninstalled: a Warning event on a pod that asked for networks it does not
+/// get (it gets the cluster network alone, as it would once plexus is gone).
+fn tell_networks_not_attached(ctx: &mut Ctx, client: Option<&KubeClient>, pod: Option<&PodInfo>) {
+    let Some(p) = pod else { return };
+    let asked: Vec<String> = [NETWORKS_ANNOTATION, DEFAULT_NETWORK_ANNOTATION]
+        .into_iter()
+        .filter_map(|k| p.annotations.get(k).map(|v| format!("{k}={v}")))
+        .collect();
+    if asked.is_empty() {
+        return;
+    }
+    let msg = format!(
+        "plexus is being uninstalled from this node: pod {} gets its cluster network only; not attached: {}",
+        p.id.key(),
+        asked.join("; ")
+    );
+    tracing::warn!(pod = %p.id.key(), "{msg}");
+    report::event(
+        ctx,
+        client,
+        pod,
+        EventType::Warning,
+        "NetworksNotAttached",
+        &msg,
+    );
 }
 
 /// Run `f` as the phase `name` (the call's closing log line, [`timing`]).
