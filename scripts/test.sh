@@ -14,6 +14,10 @@ export CARGO_TERM_COLOR=never
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The previous plexus build (e2e/previous-build) for the churn tier's roll-back and upgrade
+# cases; first, since it shares target/ and the build below puts this tree's binaries back.
+PLEXUS_PREV_BIN="${PLEXUS_PREV_BIN:-$(bash scripts/prev-build.sh)}"
+export PLEXUS_PREV_BIN
 # Every binary, built once up front (the e2e tests link their own copies through e2e-bin/; this
 # build is what the demo and a manual run use, and it fails fast on a build error).
 cargo build --workspace --bins --locked

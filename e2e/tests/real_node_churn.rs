@@ -29,6 +29,8 @@ mod api;
 #[path = "real_node/churn.rs"]
 mod churn;
 mod common;
+#[path = "real_node/multus_thick.rs"]
+mod multus_thick;
 #[allow(dead_code)]
 #[path = "real_node/pods.rs"]
 mod pods;
@@ -52,6 +54,7 @@ use serde_json::{json, Value};
 
 use api::Api;
 use churn::{Churn, Form, Outcome, Spec, Verdict};
+use multus_thick::MultusThick;
 use pods::{median, wait_until_plexus_is_in_the_path};
 
 const NS: &str = "app";
@@ -107,6 +110,27 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
             || tier.under_churn("update", Tier::rolling_update),
         );
     }
+    if full {
+        if std::env::var_os("PLEXUS_PREV_BIN").is_some()
+            || std::env::var_os("PLEXUS_PREV_REQUIRE").is_some()
+        {
+            let commit = prev_build()
+                .ok()
+                .and_then(|d| std::fs::read_to_string(d.join("commit")).ok())
+                .unwrap_or_default();
+            println!("    previous build: {}", commit.trim());
+            suite.case(
+                &name("rolled_back_to_the_previous_build_under_churn"),
+                || tier.under_churn("rollback", Tier::roll_back),
+            );
+            suite.case(
+                &name("upgraded_from_the_previous_build_under_churn"),
+                || tier.under_churn("upgrade", Tier::upgrade),
+            );
+        } else {
+            println!("    no previous build (PLEXUS_PREV_BIN unset): the upgrade and roll-back cases do not run");
+        }
+    }
     suite.case(&name("thin_to_daemon_under_churn"), || {
         tier.under_churn("todaemon", Tier::thin_to_daemon)
     });
@@ -125,13 +149,38 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
         // Last: plexus is gone from the node after it.
         suite.case(
             &name("uninstalled_under_churn_old_pods_deleted_through_plexus"),
-            || tier.under_churn_judged("uninstall", Tier::uninstall, Tier::judge_uninstall),
+            || {
+                tier.under_churn_judged("uninstall", Tier::uninstall, |t, out, t0| {
+                    t.judge_uninstall(out, t0)?;
+                    t.wait_clean()
+                })
+            },
+        );
+        // On the node plexus was just removed from: the peer, same churn, same operation.
+        suite.case(
+            &name("multus_thick_daemon_replaced_under_the_same_churn"),
+            || tier.multus_side_by_side(),
         );
     }
 }
 
 fn repo(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+/// The previous build's directory (`PLEXUS_PREV_BIN`, from scripts/prev-build.sh, which
+/// scripts/test.sh runs), and which commit it is.
+fn prev_build() -> Result<PathBuf> {
+    let dir = std::env::var_os("PLEXUS_PREV_BIN")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .context(
+            "PLEXUS_PREV_BIN is not set: run `bash scripts/prev-build.sh` and export its output",
+        )?;
+    for f in ["plexus", "sriov", "install.sh"] {
+        ensure!(dir.join(f).is_file(), "no {f} in {}", dir.display());
+    }
+    Ok(dir)
 }
 
 /// A short unique link name (at most 15 bytes).
@@ -144,6 +193,8 @@ struct Row {
     op: String,
     secs: f64,
     out: Outcome,
+    /// Things left on the node after every pod was deleted (plexus' rows: checked to be 0).
+    left: usize,
 }
 
 struct Tier<'a> {
@@ -160,6 +211,8 @@ struct Tier<'a> {
     seen: Vec<String>,
     seen_netns: Vec<String>,
     rows: Vec<Row>,
+    /// Leftovers a peer's row already counted.
+    counted: std::collections::BTreeSet<String>,
 }
 
 impl<'a> Tier<'a> {
@@ -190,6 +243,7 @@ impl<'a> Tier<'a> {
             seen: Vec::new(),
             seen_netns: Vec::new(),
             rows: Vec::new(),
+            counted: Default::default(),
         })
     }
 
@@ -272,10 +326,22 @@ impl<'a> Tier<'a> {
         binaries: &[(&str, PathBuf)],
         extra: Value,
     ) -> Result<()> {
+        self.run_installer_script(daemonset, None, binaries, extra)
+    }
+
+    /// [`Tier::run_installer`] with another build's install.sh (`None`: this tree's).
+    fn run_installer_script(
+        &mut self,
+        daemonset: &str,
+        script: Option<PathBuf>,
+        binaries: &[(&str, PathBuf)],
+        extra: Value,
+    ) -> Result<()> {
         if let Some(mut old) = self.installer.take() {
             old.stop(Duration::from_secs(10));
         }
-        let install = InstallSh::from_daemonset(self.cp, daemonset, "install-plexus")?;
+        let mut install = InstallSh::from_daemonset(self.cp, daemonset, "install-plexus")?;
+        install.script = script;
         let mut cfg = install.extra.clone();
         if cfg.get("daemonSocket").is_some() {
             cfg["daemonSocket"] = json!(self.socket());
@@ -342,6 +408,40 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
+    /// Roll the thin DaemonSet back to the previous build (`PLEXUS_PREV_BIN`: its binaries and
+    /// its install.sh, from scripts/prev-build.sh): pods created by this build are DELed by the
+    /// previous one from plans it did not write.
+    fn roll_back(&mut self) -> Result<()> {
+        let prev = prev_build()?;
+        let binaries = vec![
+            ("plexus", prev.join("plexus")),
+            ("sriov", prev.join("sriov")),
+        ];
+        self.run_installer_script(
+            "kube-plexus-ds",
+            Some(prev.join("install.sh")),
+            &binaries,
+            json!({}),
+        )?;
+        ensure!(
+            std::fs::read(self.node.bin_dir().join("plexus"))?
+                == std::fs::read(prev.join("plexus"))?,
+            "plexus in the CNI bin dir is not the previous build"
+        );
+        Ok(())
+    }
+
+    /// Roll the thin DaemonSet forward again, from the previous build to this one.
+    fn upgrade(&mut self) -> Result<()> {
+        self.run_installer("kube-plexus-ds", &self.binaries(false), json!({}))?;
+        ensure!(
+            std::fs::read(self.node.bin_dir().join("plexus"))?
+                == std::fs::read(common::bin("plexus"))?,
+            "plexus in the CNI bin dir is not this build"
+        );
+        Ok(())
+    }
+
     /// The daemon DaemonSet replaces the thin one: the daemon starts, then its installer runs
     /// (the thin installer stopped); the config becomes plexus-shim's.
     fn thin_to_daemon(&mut self) -> Result<()> {
@@ -392,6 +492,93 @@ impl<'a> Tier<'a> {
             }
         }
         ensure!(left.is_empty(), "left after uninstall: {left:?}");
+        Ok(())
+    }
+
+    /// Multus thick on the same node, churn and operation as [`Tier::kill_daemon`] (its
+    /// DaemonSet's pod replaced: SIGTERM, 3 s, a new daemon): measured, never judged (a peer).
+    /// What the node holds after is counted in the row, then removed with the node.
+    fn multus_side_by_side(&mut self) -> Result<()> {
+        if self.conf().exists() {
+            // Run alone (a filter): plexus off the node first, as the uninstall case leaves it.
+            self.uninstall()?;
+        }
+        let mut m = MultusThick::start(self.cp, &self.node)?;
+        let r = self.multus_rounds(&mut m);
+        m.remove(&self.node);
+        r
+    }
+
+    fn multus_rounds(&mut self, m: &mut MultusThick) -> Result<()> {
+        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())
+            .context("a pod with Multus' network-status")?;
+        let probe = self.api.get_pod(NS, "probe")?.context("probe")?;
+        let (sb, netns) = self
+            .node
+            .pod_sandbox(probe["metadata"]["uid"].as_str().context("uid")?)?;
+        self.seen.push(sb);
+        self.seen_netns.push(netns.clone());
+        pods::delete_and_wait(
+            &self.api,
+            NS,
+            "probe",
+            &["probe".into()],
+            &[netns],
+            Duration::from_secs(30),
+        )?;
+        // The same churn without an operation first: what Multus leaves in steady state.
+        self.under_churn_judged("multus-steady", |_| Ok(()), |_, _, _| Ok(()))?;
+        self.count_left("multus-steady")?;
+        let conf_dir = self.node.conf_dir();
+        let mut kept = None;
+        self.under_churn_judged(
+            "multus-thick",
+            |_| {
+                kept = Some(m.restart(&conf_dir, Duration::from_secs(3))?);
+                Ok(())
+            },
+            |_, _, _| Ok(()),
+        )?;
+        println!(
+            "    multus-thick: its config {} while its daemon was down",
+            if kept == Some(true) {
+                "stayed"
+            } else {
+                "was removed (multus-cni #1527)"
+            }
+        );
+        self.count_left("multus-thick")
+    }
+
+    /// After a peer's churn: wait 15 s, then count what it left on the node (beyond what
+    /// earlier rows left) into the last row, by kind (printed).
+    fn count_left(&mut self, label: &str) -> Result<()> {
+        std::thread::sleep(Duration::from_secs(15));
+        let left: Vec<String> = self
+            .leftovers()
+            .into_iter()
+            .filter(|l| !self.counted.contains(l))
+            .collect();
+        let row = self.rows.last_mut().context("no row")?;
+        row.left = left.len();
+        let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+        for l in &left {
+            let k = l.split(['/', ':']).next().unwrap_or(l).to_string();
+            *kinds.entry(k).or_default() += 1;
+        }
+        println!(
+            "    {label}: {} thing(s) left on the node after every pod was deleted, by kind {kinds:?}: first {:?}",
+            left.len(),
+            left.iter().take(6).collect::<Vec<_>>()
+        );
+        if !left.is_empty() {
+            println!(
+                "    multus-daemon's log:\n{}",
+                plexus_e2e::realk8s::tail(&self.node.path("multus/daemon.log"), 6)
+            );
+        }
+        // Counted once: the next row counts only what it adds.
+        self.counted.extend(left);
         Ok(())
     }
 
@@ -452,7 +639,10 @@ impl<'a> Tier<'a> {
     /// Churn for [`BEFORE`], run `op`, churn for [`AFTER`], then every churn pod deleted: no
     /// pod on the wrong network, none failed, nothing left on the node.
     fn under_churn(&mut self, label: &str, op: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
-        self.under_churn_judged(label, op, |_, out, _| out.ensure_clean())
+        self.under_churn_judged(label, op, |t, out, _| {
+            out.ensure_clean()?;
+            t.wait_clean()
+        })
     }
 
     /// [`Tier::under_churn`] with `judge` deciding what the pods must have got (given when the
@@ -518,15 +708,13 @@ impl<'a> Tier<'a> {
             op: label.into(),
             secs,
             out,
+            left: 0,
         });
         clean?;
-        ensure!(
-            self.installer
-                .as_mut()
-                .is_some_and(|p| p.check_alive().is_ok()),
-            "the installer exited"
-        );
-        self.wait_clean()
+        if let Some(p) = self.installer.as_mut() {
+            p.check_alive().context("the installer exited")?;
+        }
+        Ok(())
     }
 
     /// Plans and result files, leases, netns, veths on the bridges, the overlay's per-pod
@@ -582,11 +770,11 @@ impl<'a> Tier<'a> {
             "\n  day-2 operations under churn ({}; a pod per 0.5 s, at most 10 live):",
             self.overlay.kind().name()
         );
-        println!("  | operation | op s | pods | correct | cluster network only | wrong network | failed | sandbox retries | create→Running p50 ms |");
-        println!("  |---|---|---|---|---|---|---|---|---|");
+        println!("  | operation | op s | pods | correct | cluster network only | wrong network | failed | sandbox retries | create→Running p50 ms | left on the node |");
+        println!("  |---|---|---|---|---|---|---|---|---|---|");
         for r in &self.rows {
             println!(
-                "  | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.0} |",
+                "  | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
                 r.op,
                 r.secs,
                 r.out.created,
@@ -595,7 +783,8 @@ impl<'a> Tier<'a> {
                 r.out.wrong_network.len(),
                 r.out.failed.len(),
                 r.out.sandbox_retries,
-                median(&r.out.running_ms)
+                median(&r.out.running_ms),
+                r.left
             );
         }
     }

@@ -87,6 +87,9 @@ pub struct InstallSh {
     pub env: Vec<(String, String)>,
     /// The container's `PLEXUS_EXTRA_CONFIG`, parsed (`{}` when unset).
     pub extra: Value,
+    /// The installer script run (`None`: this tree's `deploy/install.sh`; another build's for
+    /// an upgrade or roll-back).
+    pub script: Option<PathBuf>,
 }
 
 impl InstallSh {
@@ -142,6 +145,7 @@ impl InstallSh {
             command,
             env,
             extra,
+            script: None,
         })
     }
 
@@ -190,7 +194,11 @@ impl InstallSh {
         ]);
         let mut args: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         args.push("sh".into());
-        args.push(p(&repo("deploy/install.sh")));
+        let script = self
+            .script
+            .clone()
+            .unwrap_or_else(|| repo("deploy/install.sh"));
+        args.push(p(&script));
         args.extend(self.command[1..].iter().cloned());
         Proc::spawn(
             "install.sh",
