@@ -176,6 +176,64 @@ impl ResultCache {
 mod tests {
     use super::*;
 
+    /// One fixture per result-cache format plexus reads (docs/upgrade.md): its own `cniCacheV1`
+    /// entries (unchanged since they were introduced, 2026-11-21), libcni's as containerd 1.6
+    /// wrote one on this machine, and a bare result (libcni before `cniCacheV1`). Every later
+    /// plexus must read each.
+    #[test]
+    fn every_cache_format_ever_written_reads() {
+        let t = tempfile::tempdir().unwrap();
+        let c = ResultCache::new(t.path());
+        std::fs::create_dir_all(t.path().join("results")).unwrap();
+        let fixtures = [
+            (
+                "plexus",
+                include_str!("cache_fixtures/plexus-2026-11-21.json"),
+            ),
+            (
+                "libcni",
+                include_str!("cache_fixtures/libcni-containerd-1.6.json"),
+            ),
+            (
+                "legacy",
+                include_str!("cache_fixtures/legacy-bare-result.json"),
+            ),
+        ];
+        for (what, text) in fixtures {
+            let raw: Value = serde_json::from_str(text).unwrap();
+            // Stored where the cache puts them: `<network>-<container>-<ifname>`.
+            let (net, cid, ifname) = match raw["networkName"].as_str() {
+                Some(net) => (
+                    net.to_string(),
+                    raw["containerId"].as_str().unwrap().to_string(),
+                    raw["ifName"].as_str().unwrap().to_string(),
+                ),
+                None => ("old".into(), "c-legacy".into(), "eth0".into()),
+            };
+            std::fs::write(c.path(&net, &cid, &ifname), text).unwrap();
+            let e = c
+                .load(&net, &cid, &ifname)
+                .unwrap_or_else(|| panic!("{what}: not read"));
+            let ips = e
+                .result
+                .as_ref()
+                .and_then(|r| r["ips"].as_array())
+                .map(Vec::len);
+            assert_eq!(ips, Some(1), "{what}: {e:?}");
+            if what == "legacy" {
+                assert_eq!(e.kind, "legacy");
+                continue;
+            }
+            assert_eq!(e.kind, "cniCacheV1", "{what}");
+            let cfg: Value = serde_json::from_slice(&e.config_bytes().unwrap()).unwrap();
+            assert_eq!(cfg["name"].as_str(), Some(net.as_str()), "{what}: {cfg}");
+            assert!(!e.cni_args.is_empty(), "{what}");
+            // What GC and a DEL without its plan list.
+            assert_eq!(c.list_network(&net), vec![e.clone()], "{what}");
+            assert_eq!(c.list_container(&cid), vec![e], "{what}");
+        }
+    }
+
     #[test]
     fn store_load_remove_in_libcni_format() {
         let t = tempfile::tempdir().unwrap();

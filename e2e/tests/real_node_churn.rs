@@ -13,7 +13,9 @@
 //! binaries and a changed config while the kubelet execs them (a rolling update of the
 //! DaemonSet); * thin → daemon (the daemon DaemonSet's installer replaces the thin one's, pods
 //! added under thin DELed through the daemon); * the daemon SIGKILLed and started again; the
-//! kubelet restarted; * daemon → thin (pods added through the daemon DELed by thin plexus);
+//! daemon DaemonSet's pod replaced (SIGTERM to both containers, a new pod 3 s later); * the
+//! kubelet restarted; * containerd restarted (SIGTERM to containerd alone, as systemd's
+//! `KillMode=process` does); * daemon → thin (pods added through the daemon DELed by thin plexus);
 //! last, the uninstall DaemonSet (`deploy/uninstall/`) applied: pods created before it keep
 //! their networks and are DELed through plexus, pods created during it get the cluster network
 //! alone with a `NetworksNotAttached` event, then without plexus at all; nothing of plexus is
@@ -138,10 +140,16 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
         tier.under_churn("dkill", Tier::kill_daemon)
     });
     if full {
-        suite.case(&name("kubelet_restarted_under_churn"), || {
-            tier.under_churn("kubelet", |t| t.node.restart_kubelet())
+        suite.case(&name("daemon_daemonset_pod_replaced_under_churn"), || {
+            tier.under_churn("dpod", Tier::replace_daemon_pod)
         });
     }
+    suite.case(&name("kubelet_restarted_under_churn"), || {
+        tier.under_churn("kubelet", |t| t.node.restart_kubelet())
+    });
+    suite.case(&name("containerd_restarted_under_churn"), || {
+        tier.under_churn("containerd", |t| t.node.restart_containerd())
+    });
     suite.case(&name("daemon_to_thin_under_churn"), || {
         tier.under_churn("tothin", Tier::daemon_to_thin)
     });
@@ -456,6 +464,23 @@ impl<'a> Tier<'a> {
         self.daemon.take().context("daemon not running")?.kill();
         std::thread::sleep(Duration::from_secs(3));
         self.start_daemon()
+    }
+
+    /// The daemon DaemonSet's pod deleted and recreated: both its containers get SIGTERM (the
+    /// installer leaves the config, the daemon removes its socket), 3 s, then the new pod's
+    /// daemon and installer start.
+    fn replace_daemon_pod(&mut self) -> Result<()> {
+        if let Some(mut p) = self.installer.take() {
+            p.stop(Duration::from_secs(10));
+        }
+        self.daemon.take().context("daemon not running")?.stop();
+        ensure!(
+            self.conf_type()? == "plexus-shim",
+            "the config changed while the pod was gone"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        self.start_daemon()?;
+        self.run_installer("kube-plexus-daemon", &self.binaries(true), json!({}))
     }
 
     /// The thin DaemonSet replaces the daemon one: its installer writes plexus' config, then

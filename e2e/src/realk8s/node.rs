@@ -207,6 +207,34 @@ impl<'a> Node<'a> {
         self.start_kubelet(self.cp.bins())
     }
 
+    /// Restart containerd as `systemctl restart containerd` does (its unit's `KillMode=process`:
+    /// SIGTERM to containerd alone; the pods' shims and any CNI plugin it is running go on), then
+    /// wait for its socket.
+    pub fn restart_containerd(&self) -> Result<()> {
+        if let Some(mut c) = self
+            .containerd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            c.stop_leader(Duration::from_secs(10));
+        }
+        let args: Vec<String> = vec![
+            "--config".into(),
+            self.path("containerd/config.toml").display().to_string(),
+        ];
+        let proc = Proc::spawn(
+            "containerd",
+            Path::new("containerd"),
+            &args,
+            &self.path("containerd.log"),
+        )?;
+        *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
+        wait_for("containerd's socket", Duration::from_secs(30), || {
+            Ok(self.ctr(&["version"]).is_ok())
+        })
+    }
+
     /// The node's name (pods set `spec.nodeName` to it).
     pub fn name(&self) -> &str {
         &self.name

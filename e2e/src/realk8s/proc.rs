@@ -62,6 +62,25 @@ impl Proc {
         let _ = child.wait();
     }
 
+    /// `SIGTERM` to the leader alone, `SIGKILL` to it after `grace`; its children (a CNI
+    /// plugin containerd is running) go on, as under systemd's `KillMode=process`.
+    pub fn stop_leader(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        let _ = child.wait();
+    }
+
     /// `SIGTERM` to the group, `SIGKILL` after `grace`; waits for the leader.
     pub fn stop(&mut self, grace: Duration) {
         let Some(mut child) = self.child.take() else {

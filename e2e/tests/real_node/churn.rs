@@ -276,6 +276,10 @@ fn run(spec: &Spec, stop: &AtomicBool) -> Result<Outcome> {
                         l.netns = Some(netns);
                         Some(Verdict::ClusterOnly { status: false })
                     }
+                    Ok(Seen::Unavailable(_)) if l.created.elapsed() < spec.run_deadline => None,
+                    Ok(Seen::Unavailable(why)) => Some(Verdict::Failed(format!(
+                        "Running, but the runtime could not be asked for its sandbox: {why}"
+                    ))),
                     Err(e) => Some(Verdict::Wrong(format!("{e:#}"))),
                 }
             } else if l.created.elapsed() > spec.run_deadline {
@@ -357,6 +361,8 @@ enum Seen {
     Networks(String, bool),
     /// eth0 alone (or all its networks), no network-status (yet).
     NoStatus(String),
+    /// The runtime could not be asked (containerd restarting): look again later.
+    Unavailable(String),
 }
 
 /// A Running pod's network: its netns must hold eth0 plus either all of its form's interfaces
@@ -364,12 +370,18 @@ enum Seen {
 /// anything else is an error naming the difference.
 fn check(spec: &Spec, cri: &Cri, pod: &Value, form: &Form, out: &mut Outcome) -> Result<Seen> {
     let uid = pod["metadata"]["uid"].as_str().context("uid")?;
-    let sb = cri
-        .sandboxes(Some(uid))?
+    let sandboxes = match cri.sandboxes(Some(uid)) {
+        Ok(s) => s,
+        Err(e) => return Ok(Seen::Unavailable(format!("{e:#}"))),
+    };
+    let sb = sandboxes
         .into_iter()
         .find(|s| s.state == 0)
         .context("no ready sandbox")?;
-    let netns = cri.sandbox_netns(&sb.id)?;
+    let netns = match cri.sandbox_netns(&sb.id) {
+        Ok(n) => n,
+        Err(e) => return Ok(Seen::Unavailable(format!("{e:#}"))),
+    };
     if !out.sandboxes.contains(&sb.id) {
         out.sandboxes.push(sb.id.clone());
         out.netns.push(netns.clone());
