@@ -296,6 +296,13 @@ impl<'a> Tier<'a> {
             cp.apply(&nad.to_string())?;
         }
         wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
+        self.delete_probe()?;
+        self.wait_clean()
+    }
+
+    /// Delete the probe pod `wait_until_plexus_is_in_the_path` left running (its sandbox and
+    /// netns join the leak checks) and wait until it is gone.
+    fn delete_probe(&mut self) -> Result<()> {
         let probe = self.api.get_pod(NS, "probe")?.context("probe")?;
         let (sb, netns) = self
             .node
@@ -310,7 +317,7 @@ impl<'a> Tier<'a> {
             &[netns],
             Duration::from_secs(30),
         )?;
-        self.wait_clean()
+        Ok(())
     }
 
     /// The image's binaries: plexus and sriov, plus plexus-shim for the daemon's installer.
@@ -537,20 +544,7 @@ impl<'a> Tier<'a> {
     fn multus_rounds(&mut self, m: &mut MultusThick) -> Result<()> {
         wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())
             .context("a pod with Multus' network-status")?;
-        let probe = self.api.get_pod(NS, "probe")?.context("probe")?;
-        let (sb, netns) = self
-            .node
-            .pod_sandbox(probe["metadata"]["uid"].as_str().context("uid")?)?;
-        self.seen.push(sb);
-        self.seen_netns.push(netns.clone());
-        pods::delete_and_wait(
-            &self.api,
-            NS,
-            "probe",
-            &["probe".into()],
-            &[netns],
-            Duration::from_secs(30),
-        )?;
+        self.delete_probe()?;
         // The same churn without an operation first: what Multus leaves in steady state.
         self.under_churn_judged("multus-steady", |_| Ok(()), |_, _, _| Ok(()))?;
         self.count_left("multus-steady")?;

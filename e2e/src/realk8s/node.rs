@@ -135,20 +135,7 @@ impl<'a> Node<'a> {
             self.path("containerd/config.toml"),
             self.containerd_config(),
         )?;
-        let args: Vec<String> = vec![
-            "--config".into(),
-            self.path("containerd/config.toml").display().to_string(),
-        ];
-        let proc = Proc::spawn(
-            "containerd",
-            Path::new("containerd"),
-            &args,
-            &self.path("containerd.log"),
-        )?;
-        *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
-        wait_for("containerd's socket", Duration::from_secs(30), || {
-            Ok(self.ctr(&["version"]).is_ok())
-        })?;
+        self.start_containerd()?;
 
         // The pause image.
         let tarball = self.path("pause/pause-oci.tar");
@@ -174,6 +161,24 @@ impl<'a> Node<'a> {
         wait_for("the Node to be Ready", Duration::from_secs(60), || {
             let n = self.cp.get_json(&format!("/api/v1/nodes/{}", self.name));
             Ok(n.ok().is_some_and(|n| node_ready(&n)))
+        })
+    }
+
+    /// Start containerd with the node's config and wait for its socket.
+    fn start_containerd(&self) -> Result<()> {
+        let args: Vec<String> = vec![
+            "--config".into(),
+            self.path("containerd/config.toml").display().to_string(),
+        ];
+        let proc = Proc::spawn(
+            "containerd",
+            Path::new("containerd"),
+            &args,
+            &self.path("containerd.log"),
+        )?;
+        *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
+        wait_for("containerd's socket", Duration::from_secs(30), || {
+            Ok(self.ctr(&["version"]).is_ok())
         })
     }
 
@@ -219,20 +224,7 @@ impl<'a> Node<'a> {
         {
             c.stop_leader(Duration::from_secs(10));
         }
-        let args: Vec<String> = vec![
-            "--config".into(),
-            self.path("containerd/config.toml").display().to_string(),
-        ];
-        let proc = Proc::spawn(
-            "containerd",
-            Path::new("containerd"),
-            &args,
-            &self.path("containerd.log"),
-        )?;
-        *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
-        wait_for("containerd's socket", Duration::from_secs(30), || {
-            Ok(self.ctr(&["version"]).is_ok())
-        })
+        self.start_containerd()
     }
 
     /// The node's name (pods set `spec.nodeName` to it).
