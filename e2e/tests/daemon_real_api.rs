@@ -69,6 +69,10 @@ fn main() -> ExitCode {
         || initial_list(&node),
     );
     suite.case(
+        "watch_lists_are_served_by_the_apiservers_cache_not_etcd",
+        || lists_from_the_watch_cache(&node),
+    );
+    suite.case(
         "watch_dropped_reconnects_and_keeps_serving_from_the_cache",
         || dropped_watch(&node),
     );
@@ -782,6 +786,52 @@ fn initial_list(node: &Node<'_>) -> Result<()> {
     );
     node.call("DEL", "w1", &uid, &ns.path(), &json!({})).ok();
     ensure!(node.leftovers().is_empty(), "left: {:?}", node.leftovers());
+    Ok(())
+}
+
+/// LISTs of `resource` the API server answered from etcd rather than its watch cache.
+fn storage_lists(cp: &ControlPlane, resource: &str) -> Result<f64> {
+    let text = cp.metrics_text()?;
+    let label = format!("resource=\"{resource}\"");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_storage_list_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// The daemon's initial LISTs (and so every relist: the same request) are answered from the
+/// API server's watch cache: `resourceVersion=0`, as client-go's informers send it. Without
+/// it, each daemon start made etcd scan every pod of the cluster for the node's few.
+fn lists_from_the_watch_cache(node: &Node<'_>) -> Result<()> {
+    let resources = ["pods", "network-attachment-definitions"];
+    let before: Vec<f64> = resources
+        .iter()
+        .map(|r| storage_lists(node.cp, r))
+        .collect::<Result<_>>()?;
+    let since = node.cp.audit().len();
+    let _d = node.start_daemon()?;
+    let after: Vec<f64> = resources
+        .iter()
+        .map(|r| storage_lists(node.cp, r))
+        .collect::<Result<_>>()?;
+    ensure!(
+        before == after,
+        "LISTs answered by etcd (apiserver_storage_list_total) for {resources:?}: {before:?} -> {after:?}"
+    );
+    let lists: Vec<String> = node.cp.audit()[since..]
+        .iter()
+        .filter(|e| e.verb == "list" && e.user.ends_with(":plexus"))
+        .map(|e| e.uri.clone())
+        .collect();
+    ensure!(
+        lists.len() >= 2,
+        "the daemon's LISTs not audited: {lists:?}"
+    );
+    ensure!(
+        lists.iter().all(|u| u.contains("resourceVersion=0")),
+        "a LIST without resourceVersion=0: {lists:?}"
+    );
     Ok(())
 }
 

@@ -1,5 +1,6 @@
-//! A minimal blocking HTTPS GET (HTTP/1.0, one connection per request, bearer token) for
-//! `/readyz`, `/metrics` and JSON reads: no client process, no discovery requests.
+//! A minimal blocking HTTPS client (HTTP/1.0, one connection per request, bearer token) for
+//! `/readyz`, `/metrics`, JSON reads and the benchmarks' object writes: no client process, no
+//! discovery requests.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -38,6 +39,11 @@ impl HttpsGet {
 
     /// GET `path`: (status code, body).
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        self.send("GET", path, None)
+    }
+
+    /// `method` `path` with an optional JSON `body`: (status code, body).
+    pub fn send(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
         let tcp = TcpStream::connect((self.host.as_str(), self.port))
             .with_context(|| format!("connect {}:{}", self.host, self.port))?;
         tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -47,9 +53,20 @@ impl HttpsGet {
         let name = ServerName::try_from(self.host.clone())?;
         let conn = rustls::ClientConnection::new(self.config.clone(), name)?;
         let mut tls = rustls::StreamOwned::new(conn, tcp);
+        let content = body
+            .map(|b| {
+                format!(
+                    "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                    b.len()
+                )
+            })
+            .unwrap_or_default();
         let request = format!(
-            "GET {path} HTTP/1.0\r\nHost: {}:{}\r\nAuthorization: Bearer {}\r\nAccept: application/json, */*\r\n\r\n",
-            self.host, self.port, self.token
+            "{method} {path} HTTP/1.0\r\nHost: {}:{}\r\nAuthorization: Bearer {}\r\nAccept: application/json, */*\r\n{content}\r\n{}",
+            self.host,
+            self.port,
+            self.token,
+            body.unwrap_or_default()
         );
         tls.write_all(request.as_bytes())?;
         tls.flush()?;
@@ -62,7 +79,7 @@ impl HttpsGet {
         }
         let text = String::from_utf8_lossy(&raw);
         let Some((head, body)) = text.split_once("\r\n\r\n") else {
-            bail!("malformed response to GET {path}");
+            bail!("malformed response to {method} {path}");
         };
         let code = head
             .split_whitespace()

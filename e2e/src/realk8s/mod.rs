@@ -417,6 +417,32 @@ impl ControlPlane {
         self.http.get(path)
     }
 
+    /// `method` `path` as the admin with an optional JSON body: (status code, body). No client
+    /// process and no discovery requests, so only this request reaches the apiserver's counters.
+    pub fn send(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+        self.http.send(method, path, body)
+    }
+
+    /// The apiserver's `/metrics` text.
+    pub fn metrics_text(&self) -> Result<String> {
+        let (code, body) = self.http.get("/metrics")?;
+        if code != 200 {
+            bail!("GET /metrics: HTTP {code}");
+        }
+        Ok(body)
+    }
+
+    /// Process ids of kube-apiserver (while it runs) and etcd.
+    pub fn pids(&self) -> (Option<u32>, Option<u32>) {
+        let api = self
+            .apiserver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(Proc::pid);
+        (api, self.etcd.pid())
+    }
+
     /// GET `path` as the admin and parse JSON; an error unless 200.
     pub fn get_json(&self, path: &str) -> Result<Value> {
         let (code, body) = self.http.get(path)?;

@@ -283,6 +283,21 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
+/// The watchers' LIST: served from the API server's watch cache (`resourceVersion=0`,
+/// `NotOlderThan`, no `limit`) like client-go's informers, never from etcd. kube's default
+/// page size makes it drop `resourceVersion=0` (a paged LIST cannot use it), which turns every
+/// daemon's initial LIST and relist into a consistent read that etcd answers by scanning every
+/// pod of the cluster for the node's few (measured: `plexus-bench --fleet`, docs/performance.md).
+/// `node` selects the node's pods; empty for every object (the NADs).
+fn list_config(node: &str) -> watcher::Config {
+    let mut cfg = watcher::Config::default().any_semantic();
+    cfg.page_size = None;
+    if !node.is_empty() {
+        cfg = cfg.fields(&format!("spec.nodeName={node}"));
+    }
+    cfg
+}
+
 /// Run both watches until the runtime stops: pods of `node` (all pods when empty) and NADs.
 /// Errors restart the watch with kube's default backoff and are counted.
 pub async fn run_watches(
@@ -298,12 +313,9 @@ pub async fn run_watches(
         return;
     };
     let pods: Api<Pod> = Api::all(kc.clone());
-    let mut pod_cfg = watcher::Config::default().any_semantic();
-    if !node.is_empty() {
-        pod_cfg = pod_cfg.fields(&format!("spec.nodeName={node}"));
-    }
+    let pod_cfg = list_config(&node);
     let nads: Api<Nad> = Api::all(kc);
-    let nad_cfg = watcher::Config::default().any_semantic();
+    let nad_cfg = list_config("");
     let (c1, m1) = (Arc::clone(&caches), Arc::clone(&metrics));
     let pod_loop = async move {
         let mut s = watcher::watcher(pods, pod_cfg)

@@ -12,11 +12,18 @@
 //! 5. `--peers`: side by side with Multus thin and thick on the real kube-apiserver, same
 //!    configs, interleaved rounds ([`peers`]).
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers]`
+//! 6. `--fleet N`: N daemon-mode nodes (Plexus daemon, Multus thick) and thin mode against one
+//!    real kube-apiserver: steady state, churn, restart storm ([`fleet`]).
+//!
+//! 7. `--tls-resume`: full vs resumed TLS handshakes to a real kube-apiserver ([`tls_resume`]).
+//!
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume]`
 //! (as root).
 
+mod fleet;
 mod peers;
 mod real_api;
+mod tls_resume;
 
 use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
@@ -505,6 +512,8 @@ fn main() {
     let mut daemon_only = false;
     let mut real_api_only = false;
     let mut peers_only = false;
+    let mut fleet = None;
+    let mut tls_resume = false;
     let mut plexus = None;
     let mut cni_bin = PathBuf::from("/usr/lib/cni");
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -518,8 +527,10 @@ fn main() {
             "--daemon-only" => daemon_only = true,
             "--real-api" => real_api_only = true,
             "--peers" => peers_only = true,
+            "--tls-resume" => tls_resume = true,
+            "--fleet" => fleet = it.next().and_then(|v| v.parse::<usize>().ok()),
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume]");
                 std::process::exit(2);
             }
         }
@@ -531,6 +542,20 @@ fn main() {
         plexus.display(),
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
+    if tls_resume {
+        if let Err(e) = tls_resume::run(n) {
+            eprintln!("plexus-bench --tls-resume: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Some(nodes) = fleet {
+        if let Err(e) = fleet::run(&plexus, &cni_bin, nodes) {
+            eprintln!("plexus-bench --fleet: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if peers_only {
         if let Err(e) = peers::run(&plexus, &cni_bin, n) {
             eprintln!("plexus-bench --peers: {e:#}");
