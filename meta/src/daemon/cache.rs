@@ -135,18 +135,58 @@ impl Caches {
             })
     }
 
-    /// Wait up to `wait` for the pod to appear in the cache (only while the pod cache is
-    /// synced: before that the watch says nothing about lag).
-    pub fn wait_pod(&self, id: &PodIdentity, wait: Duration) -> Option<PodInfo> {
-        let deadline = Instant::now() + wait;
+    /// Wait for the pod to appear in the cache: while the pod cache has not completed its
+    /// first LIST, up to `sync_wait` for that LIST (it brings the node's pods: a restarted
+    /// daemon answers its first calls from it instead of one GET each, which is what a fleet
+    /// of daemons restarting at once cannot afford); once synced, up to `wait` more for the
+    /// watch to deliver a pod created just now.
+    pub fn wait_pod(
+        &self,
+        id: &PodIdentity,
+        wait: Duration,
+        sync_wait: Duration,
+    ) -> Option<PodInfo> {
+        let start = Instant::now();
+        let sync_deadline = start + sync_wait;
+        let mut deadline = start + wait;
         let mut s = self.lock();
         loop {
             if let Some(p) = Self::matching(&s, id) {
                 return Some(p);
             }
             let now = Instant::now();
-            if !s.pods_synced || now >= deadline {
+            let until = if s.pods_synced {
+                deadline
+            } else {
+                sync_deadline
+            };
+            if now >= until {
                 return None;
+            }
+            let was_synced = s.pods_synced;
+            s = self
+                .changed
+                .wait_timeout(s, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            if !was_synced && s.pods_synced {
+                // The first LIST may lag the pod's creation like the watch does.
+                deadline = Instant::now() + wait;
+            }
+        }
+    }
+
+    /// Wait up to `wait` for the NAD cache's first LIST (true once it has completed).
+    pub fn wait_nads_synced(&self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut s = self.lock();
+        loop {
+            if s.nads_synced {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
             }
             s = self
                 .changed
@@ -363,6 +403,8 @@ pub struct CacheInputs {
     pub client: Option<KubeClient>,
     /// How long a pod missing from the synced cache is waited for before the GET.
     pub pod_wait: Duration,
+    /// How long a call waits for the pod cache's first LIST before the GET.
+    pub sync_wait: Duration,
     /// Counters.
     pub metrics: Arc<Metrics>,
 }
@@ -372,10 +414,16 @@ impl Inputs for CacheInputs {
         if self.client.is_none() {
             return Ok(None);
         }
-        if let Some(p) = self.caches.wait_pod(id, self.pod_wait) {
+        if let Some(p) = self.caches.wait_pod(id, self.pod_wait, self.sync_wait) {
             return Ok(Some(p));
         }
         self.metrics.cache_miss(Kind::Pods);
+        // The runtime's copy of the pod's annotations, when it passes them (the installer
+        // declares the capability): what thin mode uses instead of the GET.
+        if let Some(p) = crate::inputs::api::pod_from_runtime(&ctx.config, Some(id)) {
+            tracing::info!(pod = %id.key(), "pod not in the watch cache: using the runtime's pod annotations");
+            return Ok(Some(p));
+        }
         tracing::info!(pod = %id.key(), "pod not in the watch cache: reading it");
         fetch_pod(ctx, self.client.as_ref(), Some(id))
     }
@@ -390,6 +438,9 @@ impl Inputs for CacheInputs {
         if self.client.is_none() {
             return Ok(map);
         }
+        // A starting daemon's first calls: from its first LIST, not a GET each (see
+        // `Caches::wait_pod`).
+        self.caches.wait_nads_synced(self.sync_wait);
         let mut missing = Vec::new();
         for r in refs {
             match self.caches.nad(&r.0, &r.1) {
@@ -480,6 +531,7 @@ mod tests {
             caches,
             client: Some(client),
             pod_wait: Duration::ZERO,
+            sync_wait: Duration::ZERO,
             metrics: Arc::new(Metrics::new()),
         };
         let forbidden = |s: &K8sError| matches!(s, K8sError::Api { code: 403, .. });
@@ -553,26 +605,54 @@ mod tests {
     #[test]
     fn waiting_for_a_pod_ends_when_the_watch_delivers_it() {
         let c = Arc::new(Caches::default());
-        // Unsynced: no wait at all.
+        // Unsynced: the first LIST is waited for, `sync_wait` at most.
         let t = Instant::now();
         assert!(c
-            .wait_pod(&id("late", ""), Duration::from_secs(5))
+            .wait_pod(&id("late", ""), Duration::from_secs(5), Duration::ZERO)
             .is_none());
         assert!(t.elapsed() < Duration::from_secs(1));
-        c.apply_pod(Event::Init);
-        c.apply_pod(Event::InitDone);
+        let t = Instant::now();
+        assert!(c
+            .wait_pod(
+                &id("late", ""),
+                Duration::from_secs(5),
+                Duration::from_millis(50)
+            )
+            .is_none());
+        assert!(t.elapsed() >= Duration::from_millis(50) && t.elapsed() < Duration::from_secs(1));
+        // The NAD cache's first LIST likewise.
+        assert!(!c.wait_nads_synced(Duration::from_millis(20)));
+        let c3 = Arc::clone(&c);
+        let nad_lister = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            c3.apply_nad(Event::Init);
+            c3.apply_nad(Event::InitDone);
+        });
+        assert!(c.wait_nads_synced(Duration::from_secs(5)));
+        nad_lister.join().unwrap();
+        // The first LIST brings the pod: the waiting call gets it, no GET.
+        let c2 = Arc::clone(&c);
+        let lister = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            c2.apply_pod(Event::Init);
+            c2.apply_pod(Event::InitApply(pod("listed", "u8")));
+            c2.apply_pod(Event::InitDone);
+        });
+        let got = c.wait_pod(&id("listed", "u8"), Duration::ZERO, Duration::from_secs(5));
+        lister.join().unwrap();
+        assert_eq!(got.unwrap().id.uid, "u8");
         let c2 = Arc::clone(&c);
         let feeder = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             c2.apply_pod(Event::Apply(pod("late", "u9")));
         });
-        let got = c.wait_pod(&id("late", "u9"), Duration::from_secs(5));
+        let got = c.wait_pod(&id("late", "u9"), Duration::from_secs(5), Duration::ZERO);
         feeder.join().unwrap();
         assert_eq!(got.unwrap().id.uid, "u9");
         // Synced and absent: the wait is bounded.
         let t = Instant::now();
         assert!(c
-            .wait_pod(&id("never", ""), Duration::from_millis(50))
+            .wait_pod(&id("never", ""), Duration::from_millis(50), Duration::ZERO)
             .is_none());
         assert!(t.elapsed() >= Duration::from_millis(50));
     }

@@ -155,6 +155,11 @@ impl DaemonConfig {
     }
 }
 
+/// How long a call waits for the pod cache's first LIST before it reads the pod itself: a
+/// daemon restarted with the rest of a fleet serves its first calls from that LIST instead of
+/// adding a GET each to the API server's queue (measured in docs/performance.md).
+const INITIAL_SYNC_WAIT: Duration = Duration::from_secs(10);
+
 /// What every call shares.
 struct Shared {
     handle: tokio::runtime::Handle,
@@ -192,6 +197,7 @@ impl DaemonPlugin<'_> {
             caches: Arc::clone(&s.caches),
             client: s.client.clone(),
             pod_wait: s.pod_wait,
+            sync_wait: INITIAL_SYNC_WAIT,
             metrics: Arc::clone(&s.metrics),
         };
         Ok((ctx, inputs))

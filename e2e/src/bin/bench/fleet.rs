@@ -145,6 +145,35 @@ impl Drop for Daemon {
     }
 }
 
+/// A sysctl raised to at least a value for the run, restored on drop.
+struct RaisedSysctl {
+    path: &'static str,
+    old: Option<String>,
+}
+
+impl RaisedSysctl {
+    fn at_least(path: &'static str, want: u64) -> RaisedSysctl {
+        let old = std::fs::read_to_string(path).ok();
+        let cur = old
+            .as_deref()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if cur < want {
+            let _ = std::fs::write(path, want.to_string());
+            return RaisedSysctl { path, old };
+        }
+        RaisedSysctl { path, old: None }
+    }
+}
+
+impl Drop for RaisedSysctl {
+    fn drop(&mut self) {
+        if let Some(old) = &self.old {
+            let _ = std::fs::write(self.path, old.trim());
+        }
+    }
+}
+
 /// One system's fleet on its own control plane.
 struct Fleet {
     kind: Kind,
@@ -158,6 +187,9 @@ struct Fleet {
     /// The config the runtime hands each node's CNI entry.
     confs: Vec<Value>,
     made_sa_dir: Option<PathBuf>,
+    /// Every multus-daemon holds an inotify instance (its config watcher): a machine hosting
+    /// hundreds of "nodes" needs more than the default 128 per user.
+    _inotify: Option<RaisedSysctl>,
 }
 
 impl Drop for Fleet {
@@ -226,6 +258,12 @@ impl Fleet {
             daemons: vec![],
             confs: vec![],
             made_sa_dir: None,
+            _inotify: (kind == Kind::MultusThick).then(|| {
+                RaisedSysctl::at_least(
+                    "/proc/sys/fs/inotify/max_user_instances",
+                    128 + 2 * nodes as u64,
+                )
+            }),
         };
         let token = f.cp.create_token("kube-system", "plexus")?;
         f.cp.write_kubeconfig(&f.path("kubeconfig"), &token)?;
@@ -733,12 +771,14 @@ fn storm(f: &mut Fleet) -> Result<Storm> {
                 let pod = format!("storm-{i}");
                 let netns = format!("{NETNS_PREFIX}s{i}");
                 while t0.elapsed() < Duration::from_secs(300) {
-                    let (ok, _) = fr.call(i, "ADD", &pod, uid, &netns);
+                    let (ok, out) = fr.call(i, "ADD", &pod, uid, &netns);
                     if ok {
                         served.lock().unwrap()[i] = t0.elapsed().as_secs_f64();
                         return;
                     }
-                    failed.fetch_add(1, Ordering::Relaxed);
+                    if failed.fetch_add(1, Ordering::Relaxed) < 3 {
+                        eprintln!("  storm ADD on node {i} failed: {}", out.trim());
+                    }
                     std::thread::sleep(Duration::from_millis(100));
                 }
             });
@@ -748,6 +788,14 @@ fn storm(f: &mut Fleet) -> Result<Storm> {
     std::thread::sleep(Duration::from_secs(2));
     let api_peak = sampler.finish();
     let b = snapshot(f)?;
+    // Who was told to back off (APF rejections by flow schema and reason, 429s by request).
+    for l in b.text.lines().filter(|l| {
+        (l.starts_with("apiserver_flowcontrol_rejected_requests_total{")
+            || (l.starts_with("apiserver_request_total{") && l.contains("code=\"429\"")))
+            && !l.ends_with(" 0")
+    }) {
+        eprintln!("  storm: {l}");
+    }
     let mut ok: Vec<f64> = served.iter().copied().filter(|v| v.is_finite()).collect();
     ok.sort_by(f64::total_cmp);
     ensure!(
