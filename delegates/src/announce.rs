@@ -131,6 +131,22 @@ pub struct Announcer {
 }
 
 impl Announcer {
+    /// Close the sockets on a thread of their own, so that the RCU grace period an
+    /// `AF_PACKET` close waits for (see above) is not on the caller's path: in the daemon it
+    /// is off every call's path, in a plexus process it overlaps the API writes that follow.
+    pub fn close_in_background(self) {
+        if self.packet.is_none() && self.icmpv6.is_none() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("announce-close".into())
+            .spawn(move || drop(self));
+        if let Err(e) = spawned {
+            // The closure was dropped with the error: the sockets are closed already.
+            tracing::debug!(error = %e, "no thread to close the announcement sockets");
+        }
+    }
+
     /// Send the announcement for `ip` (gratuitous ARP or unsolicited NA) on interface
     /// `ifindex` with hardware address `mac`.
     pub fn send(&mut self, ifindex: u32, mac: [u8; 6], ip: IpAddr) -> io::Result<()> {

@@ -198,12 +198,16 @@ fn announce(
     let _phase = plexus_delegates::timing::phase("announce");
     let sent = ns.run(|| {
         let mut announcer = plexus_delegates::announce::Announcer::default();
-        todo.iter()
+        let results = todo
+            .iter()
             .map(|(ifname, ips)| (*ifname, announcer.announce(ifname, ips)))
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        (results, announcer)
     });
     match sent {
-        Ok(results) => {
+        Ok((results, announcer)) => {
+            // Closing its packet socket waits 7-15 ms for an RCU grace period.
+            announcer.close_in_background();
             for (ifname, r) in results {
                 match r {
                     Ok(n) => tracing::debug!(ifname, announced = n, "neighbour announcement"),
