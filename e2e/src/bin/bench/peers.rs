@@ -62,6 +62,13 @@ fn stats(v: &[f64]) -> (f64, f64, f64) {
     (at(0.5), at(0.1), at(0.9))
 }
 
+/// The machine's load (`/proc/loadavg`: 1, 5 and 15 minutes), printed with the figures.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -416,7 +423,8 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         },
     ];
     println!(
-        "side by side on a real kube-apiserver over TLS: bridge default + 1 macvlan NAD, {n} interleaved rounds (+1 warm-up), order rotated per round; machine shared (2 cores)"
+        "side by side on a real kube-apiserver over TLS: bridge default + 1 macvlan NAD, {n} interleaved rounds (+1 warm-up), order rotated per round; load average before: {}",
+        loadavg()
     );
     let k = systems.len();
     let (mut add, mut del) = (vec![vec![]; k], vec![vec![]; k]);
@@ -447,6 +455,7 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
             ddel.push(ms(dd));
         }
     }
+    println!(" load average after the rounds: {}", loadavg());
     let (pa, _, _) = stats(&dadd);
     let (pd, _, _) = stats(&ddel);
     println!(" the plugins alone (bridge + macvlan): ADD {pa:.1} ms, DEL {pd:.1} ms (medians)");
