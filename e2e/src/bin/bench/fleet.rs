@@ -35,7 +35,7 @@ use crate::{exec, plexus_env, sh};
 const NS: &str = "fleet";
 const SA_DIR: &str = "/run/secrets/kubernetes.io/serviceaccount";
 /// Prefix of every network namespace the fleet creates (removed at start and end).
-const NETNS_PREFIX: &str = "pxf-";
+pub(crate) const NETNS_PREFIX: &str = "pxf-";
 
 fn knob(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -46,14 +46,14 @@ fn knob(name: &str, default: u64) -> u64 {
 
 /// Which system a run measures.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Kind {
+pub(crate) enum Kind {
     PlexusDaemon,
     MultusThick,
     PlexusThin,
 }
 
 impl Kind {
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Kind::PlexusDaemon => "Plexus daemon",
             Kind::MultusThick => "Multus thick",
@@ -70,12 +70,34 @@ impl Kind {
 }
 
 /// The binaries a run needs.
-struct Bins {
+pub(crate) struct Bins {
     plexus: PathBuf,
     shim: PathBuf,
     multus_daemon: PathBuf,
     multus_shim: PathBuf,
     cni: PathBuf,
+}
+
+impl Bins {
+    /// `plexus` and `plexus-shim` next to it, Multus from `PLEXUS_PEERS_BIN`, the plugins.
+    pub(crate) fn find(plexus: &Path, cni_bin: &Path) -> Result<Bins> {
+        let peers_dir = std::env::var_os("PLEXUS_PEERS_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin"));
+        let peer = |name: &str| -> Result<PathBuf> {
+            find_usable(&peers_dir, name)?
+                .with_context(|| format!("no {name} in {}", peers_dir.display()))
+        };
+        let shim = plexus.with_file_name("plexus-shim");
+        ensure!(shim.exists(), "no plexus-shim next to {}", plexus.display());
+        Ok(Bins {
+            plexus: plexus.to_path_buf(),
+            shim,
+            multus_daemon: peer("multus-daemon")?,
+            multus_shim: peer("multus-shim")?,
+            cni: cni_bin.to_path_buf(),
+        })
+    }
 }
 
 /// CPU time (user + system) of `pid` so far, seconds.
@@ -89,7 +111,7 @@ fn cpu_secs(pid: u32) -> f64 {
 }
 
 /// Sum of the samples of metric `name` whose labels include every `(key, value)` of `want`.
-fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+pub(crate) fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
@@ -175,7 +197,7 @@ impl Drop for RaisedSysctl {
 }
 
 /// One system's fleet on its own control plane.
-struct Fleet {
+pub(crate) struct Fleet {
     kind: Kind,
     cp: ControlPlane,
     dir: tempfile::TempDir,
@@ -204,7 +226,7 @@ impl Drop for Fleet {
 }
 
 /// Removes every network namespace the fleet made (a run stopped half-way leaves some).
-fn remove_fleet_netns() {
+pub(crate) fn remove_fleet_netns() {
     let out = Command::new("ip").args(["netns", "list"]).output();
     if let Ok(out) = out {
         for l in String::from_utf8_lossy(&out.stdout).lines() {
@@ -217,7 +239,7 @@ fn remove_fleet_netns() {
 }
 
 impl Fleet {
-    fn start(kind: Kind, nodes: usize, bins: Arc<Bins>) -> Result<Fleet> {
+    pub(crate) fn start(kind: Kind, nodes: usize, bins: Arc<Bins>) -> Result<Fleet> {
         let Some(k8s) = K8sBins::from_env()? else {
             bail!("--fleet needs PLEXUS_K8S_BIN (the kube-apiserver and etcd binaries)");
         };
@@ -285,6 +307,19 @@ impl Fleet {
             ),
         )?;
         ensure!(code == 201, "NAD: HTTP {code}: {body}");
+        // A network with one fixed address (the address guard's case, `--address-scale`).
+        let fixed = json!({"cniVersion":"1.0.0","type":"macvlan","master":f.master,"mode":"bridge",
+            "ipam":{"type":"static","addresses":[{"address":"10.195.0.10/24"}]}});
+        let (code, body) = f.cp.send(
+            "POST",
+            &format!("/apis/k8s.cni.cncf.io/v1/namespaces/{NS}/network-attachment-definitions"),
+            Some(
+                &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                    "metadata":{"name":"fixed","namespace":NS},"spec":{"config":fixed.to_string()}})
+                .to_string(),
+            ),
+        )?;
+        ensure!(code == 201, "NAD fixed: HTTP {code}: {body}");
         Ok(f)
     }
 
@@ -292,7 +327,12 @@ impl Fleet {
         self.dir.path().join(rel)
     }
 
-    fn node(i: usize) -> String {
+    /// The apiserver's `/metrics` text.
+    pub(crate) fn cp_metrics(&self) -> Result<String> {
+        self.cp.metrics_text()
+    }
+
+    pub(crate) fn node(i: usize) -> String {
         format!("fleet-{i:03}")
     }
 
@@ -321,9 +361,14 @@ impl Fleet {
 
     /// A pod on node `node` asking for the NAD: its uid.
     fn create_pod(&self, name: &str, node: &str) -> Result<String> {
+        self.create_pod_with(name, node, "data")
+    }
+
+    /// A pod on node `node` asking for `networks`: its uid.
+    pub(crate) fn create_pod_with(&self, name: &str, node: &str, networks: &str) -> Result<String> {
         let pod = json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":NS,
             "labels":{"app":"fleet"},
-            "annotations":{"k8s.v1.cni.cncf.io/networks":"data"}},
+            "annotations":{"k8s.v1.cni.cncf.io/networks":networks}},
             "spec":{"nodeName":node,"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}});
         let (code, body) = self.cp.send(
             "POST",
@@ -335,7 +380,7 @@ impl Fleet {
         Ok(v["metadata"]["uid"].as_str().context("uid")?.to_string())
     }
 
-    fn delete_pod(&self, name: &str) -> Result<()> {
+    pub(crate) fn delete_pod(&self, name: &str) -> Result<()> {
         let (code, body) = self.cp.send(
             "DELETE",
             &format!("/api/v1/namespaces/{NS}/pods/{name}?gracePeriodSeconds=0"),
@@ -349,7 +394,7 @@ impl Fleet {
     }
 
     /// `per_node` pods on every node, created by 4 writers.
-    fn populate(&self, per_node: usize) -> Result<()> {
+    pub(crate) fn populate(&self, per_node: usize) -> Result<()> {
         let total = self.nodes * per_node;
         let next = AtomicU64::new(0);
         std::thread::scope(|s| -> Result<()> {
@@ -454,7 +499,7 @@ impl Fleet {
     }
 
     /// Start every node's daemon at once; seconds until all say they are ready.
-    fn start_all(&mut self) -> Result<f64> {
+    pub(crate) fn start_all(&mut self) -> Result<f64> {
         if self.kind == Kind::MultusThick && !Path::new(SA_DIR).exists() {
             let top = Path::new("/run/secrets");
             if !top.exists() {
@@ -503,7 +548,14 @@ impl Fleet {
     }
 
     /// One CNI call on node `i` for pod (`pod`, `uid`) in netns `netns`: success and output.
-    fn call(&self, i: usize, cmd: &str, pod: &str, uid: &str, netns: &str) -> (bool, String) {
+    pub(crate) fn call(
+        &self,
+        i: usize,
+        cmd: &str,
+        pod: &str,
+        uid: &str,
+        netns: &str,
+    ) -> (bool, String) {
         let cid = format!("{pod}-{uid}");
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
         let netns = format!("/run/netns/{netns}");
@@ -1028,22 +1080,7 @@ fn print(nodes: usize, figs: &[(Kind, Figures)]) {
 
 /// Runs the fleet for each system in `PLEXUS_FLEET_SYSTEMS` and prints the table.
 pub fn run(plexus: &Path, cni_bin: &Path, nodes: usize) -> Result<()> {
-    let peers_dir = std::env::var_os("PLEXUS_PEERS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin"));
-    let peer = |name: &str| -> Result<PathBuf> {
-        find_usable(&peers_dir, name)?
-            .with_context(|| format!("no {name} in {}", peers_dir.display()))
-    };
-    let shim = plexus.with_file_name("plexus-shim");
-    ensure!(shim.exists(), "no plexus-shim next to {}", plexus.display());
-    let bins = Arc::new(Bins {
-        plexus: plexus.to_path_buf(),
-        shim,
-        multus_daemon: peer("multus-daemon")?,
-        multus_shim: peer("multus-shim")?,
-        cni: cni_bin.to_path_buf(),
-    });
+    let bins = Arc::new(Bins::find(plexus, cni_bin)?);
     let wanted = std::env::var("PLEXUS_FLEET_SYSTEMS")
         .unwrap_or_else(|_| "plexus-daemon,multus-thick,plexus-thin".into());
     let mut figs = vec![];

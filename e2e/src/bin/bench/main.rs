@@ -17,9 +17,13 @@
 //!
 //! 7. `--tls-resume`: full vs resumed TLS handshakes to a real kube-apiserver ([`tls_resume`]).
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume]`
+//! 8. `--address-scale`: requests, bytes and time per ADD of a fixed address as the namespace
+//!    grows to 5,000 pods ([`address_scale`]).
+//!
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume | --address-scale]`
 //! (as root).
 
+mod address_scale;
 mod fleet;
 mod peers;
 mod real_api;
@@ -514,6 +518,7 @@ fn main() {
     let mut peers_only = false;
     let mut fleet = None;
     let mut tls_resume = false;
+    let mut address_scale = false;
     let mut plexus = None;
     let mut cni_bin = PathBuf::from("/usr/lib/cni");
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -528,9 +533,10 @@ fn main() {
             "--real-api" => real_api_only = true,
             "--peers" => peers_only = true,
             "--tls-resume" => tls_resume = true,
+            "--address-scale" => address_scale = true,
             "--fleet" => fleet = it.next().and_then(|v| v.parse::<usize>().ok()),
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume | --address-scale]");
                 std::process::exit(2);
             }
         }
@@ -542,6 +548,13 @@ fn main() {
         plexus.display(),
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
+    if address_scale {
+        if let Err(e) = address_scale::run(&plexus, &cni_bin) {
+            eprintln!("plexus-bench --address-scale: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if tls_resume {
         if let Err(e) = tls_resume::run(n) {
             eprintln!("plexus-bench --tls-resume: {e:#}");
