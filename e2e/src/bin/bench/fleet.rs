@@ -17,7 +17,6 @@
 //! `PLEXUS_FLEET_CHURN_SECS` (30), `PLEXUS_FLEET_STEADY_SECS` (30), `PLEXUS_FLEET_SYSTEMS`
 //! (comma list of `plexus-daemon,multus-thick,plexus-thin`).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -246,14 +245,6 @@ impl Fleet {
         let cp = ControlPlane::start(&k8s)?;
         cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])?;
         cp.create_namespace(NS)?;
-        cp.kubectl(&["-n", "kube-system", "create", "serviceaccount", "multus"])?;
-        cp.kubectl(&[
-            "create",
-            "clusterrolebinding",
-            "multus-bench",
-            "--clusterrole=cluster-admin",
-            "--serviceaccount=kube-system:multus",
-        ])?;
         let dir = tempfile::Builder::new().prefix("plexus-fleet-").tempdir()?;
         let id = std::process::id() % 10000;
         let (bridge, master) = (format!("pxfb{id}"), format!("pxfm{id}"));
@@ -289,12 +280,7 @@ impl Fleet {
         };
         let token = f.cp.create_token("kube-system", "plexus")?;
         f.cp.write_kubeconfig(&f.path("kubeconfig"), &token)?;
-        let mtoken = f.cp.create_token("kube-system", "multus")?;
-        let sa = f.path("multus-sa");
-        std::fs::create_dir_all(&sa)?;
-        std::fs::write(sa.join("token"), &mtoken)?;
-        std::fs::write(sa.join("ca.crt"), f.cp.ca_pem())?;
-        std::fs::write(sa.join("namespace"), "kube-system")?;
+        crate::peers::multus_service_account(&f.cp, &f.path("multus-sa"))?;
         let mut nad = f.macvlan();
         nad.as_object_mut().unwrap().remove("name");
         let (code, body) = f.cp.send(
@@ -941,140 +927,92 @@ fn print(nodes: usize, figs: &[(Kind, Figures)]) {
         nodes as u64 * per_node,
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
     );
-    let mut rows: BTreeMap<usize, (String, Vec<String>)> = BTreeMap::new();
-    let mut row = |k: usize, label: &str, v: String| {
-        rows.entry(k)
-            .or_insert_with(|| (label.to_string(), vec![]))
-            .1
-            .push(v)
-    };
-    for (_, f) in figs {
-        row(
-            0,
-            "all daemons ready after start (s)",
-            format!("{:.1}", f.start_all_s),
-        );
-        row(
-            1,
-            "steady: apiserver CPU (% of a core)",
-            format!("{:.1}", f.api_cpu_pct),
-        );
-        row(
-            2,
-            "steady: etcd CPU (% of a core)",
-            format!("{:.1}", f.etcd_cpu_pct),
-        );
-        row(
-            3,
-            "steady: apiserver RSS (MiB; before the daemons)",
-            format!("{:.0} ({:.0})", f.api_rss_mib, f.api_rss_before_mib),
-        );
-        row(
-            4,
-            "steady: etcd RSS (MiB)",
-            format!("{:.0}", f.etcd_rss_mib),
-        );
-        row(
-            5,
+    type Cell = fn(&Figures) -> String;
+    type StormCell = fn(&Storm) -> String;
+    let rows: [(&str, Cell); 13] = [
+        ("all daemons ready after start (s)", |f| {
+            format!("{:.1}", f.start_all_s)
+        }),
+        ("steady: apiserver CPU (% of a core)", |f| {
+            format!("{:.1}", f.api_cpu_pct)
+        }),
+        ("steady: etcd CPU (% of a core)", |f| {
+            format!("{:.1}", f.etcd_cpu_pct)
+        }),
+        ("steady: apiserver RSS (MiB; before the daemons)", |f| {
+            format!("{:.0} ({:.0})", f.api_rss_mib, f.api_rss_before_mib)
+        }),
+        ("steady: etcd RSS (MiB)", |f| {
+            format!("{:.0}", f.etcd_rss_mib)
+        }),
+        (
             "steady: watches open (before the daemons: the apiserver's own)",
-            format!("{:.0} ({:.0})", f.watches, f.watches_before),
-        );
-        row(
-            6,
-            "steady: requests per second (watches excluded)",
-            format!("{:.2}", f.req_per_s),
-        );
-        row(
-            7,
-            "steady: daemon RSS, median / all (MiB)",
+            |f| format!("{:.0} ({:.0})", f.watches, f.watches_before),
+        ),
+        ("steady: requests per second (watches excluded)", |f| {
+            format!("{:.2}", f.req_per_s)
+        }),
+        ("steady: daemon RSS, median / all (MiB)", |f| {
             format!(
                 "{:.1} / {:.0}",
                 f.daemon_rss_median_mib, f.daemon_rss_total_mib
-            ),
-        );
-        row(
-            8,
-            "steady: daemons' CPU, all (% of a core)",
-            format!("{:.1}", f.daemons_cpu_pct),
-        );
-        row(
-            9,
-            "churn: ADDs ok / failed",
-            format!("{} / {}", f.churn_adds, f.churn_failed),
-        );
-        let (p50, p90, p99, max) = f.add_ms;
-        row(
-            10,
+            )
+        }),
+        ("steady: daemons' CPU, all (% of a core)", |f| {
+            format!("{:.1}", f.daemons_cpu_pct)
+        }),
+        ("churn: ADDs ok / failed", |f| {
+            format!("{} / {}", f.churn_adds, f.churn_failed)
+        }),
+        (
             "churn: ADD through the entry, p50 / p90 / p99 / max (ms)",
-            format!("{p50:.0} / {p90:.0} / {p99:.0} / {max:.0}"),
-        );
-        row(
-            11,
-            "churn: API requests per pod start (ADD + DEL)",
-            format!("{:.2}", f.req_per_add),
-        );
-        row(
-            12,
-            "churn: apiserver CPU (% of a core)",
-            format!("{:.1}", f.churn_api_cpu_pct),
-        );
-        match &f.storm {
-            Some(s) => {
-                row(
-                    13,
-                    "storm: every node serving an ADD again, median / last (s)",
-                    format!("{:.1} / {:.1}", s.median_serving_s, s.all_serving_s),
-                );
-                row(
-                    14,
-                    "storm: failed ADD attempts before serving",
-                    s.failed_adds.to_string(),
-                );
-                row(
-                    15,
-                    "storm: LISTs / their response bytes (MiB)",
-                    format!("{:.0} / {:.1}", s.lists, s.list_mib),
-                );
-                row(
-                    16,
-                    "storm: watches open after",
-                    format!("{:.0}", s.watches_after),
-                );
-                row(
-                    17,
-                    "storm: apiserver peak RSS (MiB)",
-                    format!("{:.0}", s.api_peak_mib),
-                );
-                row(
-                    18,
-                    "storm: apiserver CPU (s)",
-                    format!("{:.1}", s.api_cpu_s),
-                );
-                row(19, "storm: HTTP 429 answers", format!("{:.0}", s.too_many));
-            }
-            None => {
-                for (k, label) in [
-                    (
-                        13,
-                        "storm: every node serving an ADD again, median / last (s)",
-                    ),
-                    (14, "storm: failed ADD attempts before serving"),
-                    (15, "storm: LISTs / their response bytes (MiB)"),
-                    (16, "storm: watches open after"),
-                    (17, "storm: apiserver peak RSS (MiB)"),
-                    (18, "storm: apiserver CPU (s)"),
-                    (19, "storm: HTTP 429 answers"),
-                ] {
-                    row(k, label, "– (no daemon)".into());
-                }
-            }
-        }
-    }
+            |f| {
+                let (p50, p90, p99, max) = f.add_ms;
+                format!("{p50:.0} / {p90:.0} / {p99:.0} / {max:.0}")
+            },
+        ),
+        ("churn: API requests per pod start (ADD + DEL)", |f| {
+            format!("{:.2}", f.req_per_add)
+        }),
+        ("churn: apiserver CPU (% of a core)", |f| {
+            format!("{:.1}", f.churn_api_cpu_pct)
+        }),
+    ];
+    let storm_rows: [(&str, StormCell); 7] = [
+        (
+            "storm: every node serving an ADD again, median / last (s)",
+            |s| format!("{:.1} / {:.1}", s.median_serving_s, s.all_serving_s),
+        ),
+        ("storm: failed ADD attempts before serving", |s| {
+            s.failed_adds.to_string()
+        }),
+        ("storm: LISTs / their response bytes (MiB)", |s| {
+            format!("{:.0} / {:.1}", s.lists, s.list_mib)
+        }),
+        ("storm: watches open after", |s| {
+            format!("{:.0}", s.watches_after)
+        }),
+        ("storm: apiserver peak RSS (MiB)", |s| {
+            format!("{:.0}", s.api_peak_mib)
+        }),
+        ("storm: apiserver CPU (s)", |s| {
+            format!("{:.1}", s.api_cpu_s)
+        }),
+        ("storm: HTTP 429 answers", |s| format!("{:.0}", s.too_many)),
+    ];
     let header: Vec<&str> = figs.iter().map(|(k, _)| k.label()).collect();
     println!("| | {} |", header.join(" | "));
     println!("|---|{}", "---|".repeat(header.len()));
-    for (_, (label, vals)) in rows {
-        println!("| {label} | {} |", vals.join(" | "));
+    let line = |label: &str, vals: Vec<String>| println!("| {label} | {} |", vals.join(" | "));
+    for (label, cell) in rows {
+        line(label, figs.iter().map(|(_, f)| cell(f)).collect());
+    }
+    for (label, cell) in storm_rows {
+        let vals = figs
+            .iter()
+            .map(|(_, f)| f.storm.as_ref().map_or("– (no daemon)".into(), cell))
+            .collect();
+        line(label, vals);
     }
 }
 

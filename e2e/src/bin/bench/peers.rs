@@ -86,6 +86,25 @@ fn peak_rss(bin: &Path, env: &[(&str, &str)], conf: &Value) -> u64 {
         .unwrap_or(0)
 }
 
+/// Multus' own service account, bound to cluster-admin (its RBAC is not under test), with its
+/// token, CA and namespace written to `dir` as a pod would see them mounted; its token.
+pub(crate) fn multus_service_account(cp: &ControlPlane, dir: &Path) -> Result<String> {
+    cp.kubectl(&["-n", "kube-system", "create", "serviceaccount", "multus"])?;
+    cp.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "multus-bench",
+        "--clusterrole=cluster-admin",
+        "--serviceaccount=kube-system:multus",
+    ])?;
+    let token = cp.create_token("kube-system", "multus")?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("token"), &token)?;
+    std::fs::write(dir.join("ca.crt"), cp.ca_pem())?;
+    std::fs::write(dir.join("namespace"), "kube-system")?;
+    Ok(token)
+}
+
 struct Peers {
     cp: ControlPlane,
     e: Env,
@@ -113,25 +132,11 @@ impl Peers {
         let cp = ControlPlane::start(&bins)?;
         cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])?;
         cp.create_namespace("db")?;
-        // Multus' own service account, bound to cluster-admin (its RBAC is not under test).
-        cp.kubectl(&["-n", "kube-system", "create", "serviceaccount", "multus"])?;
-        cp.kubectl(&[
-            "create",
-            "clusterrolebinding",
-            "multus-bench",
-            "--clusterrole=cluster-admin",
-            "--serviceaccount=kube-system:multus",
-        ])?;
         let e = Env::new();
         let token = cp.create_token("kube-system", "plexus")?;
         cp.write_kubeconfig(&e.path("kubeconfig"), &token)?;
-        let mtoken = cp.create_token("kube-system", "multus")?;
+        let mtoken = multus_service_account(&cp, &e.path("multus-sa"))?;
         cp.write_kubeconfig(&e.path("multus.kubeconfig"), &mtoken)?;
-        let sa = e.path("multus-sa");
-        std::fs::create_dir_all(&sa)?;
-        std::fs::write(sa.join("token"), &mtoken)?;
-        std::fs::write(sa.join("ca.crt"), cp.ca_pem())?;
-        std::fs::write(sa.join("namespace"), "kube-system")?;
         // The macvlan network with host-local leases (a static address would make every
         // system's pod claim the same address: Plexus refuses one address twice, at one pods
         // LIST per ADD, docs/annotations.md).
