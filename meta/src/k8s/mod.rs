@@ -22,6 +22,7 @@
 //! use TCP_NODELAY (avoids a ≈40 ms delayed-ACK stall on the first TLS request), rustls with the
 //! ring provider, per-request timeouts, and work with `https://` and plain `http://` servers.
 
+mod address_claims;
 mod client;
 mod connect;
 mod dra;
@@ -42,6 +43,7 @@ pub(crate) mod testutil;
 mod tls_tests;
 mod transport;
 
+pub use address_claims::{claim_name, ClaimHolder, ClaimOutcome, ClaimSpec};
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
 pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER, RESOURCE_NAME_ATTR};
 pub use error::{
