@@ -14,7 +14,7 @@
 use crate::context::Ctx;
 use crate::error::MetaError;
 use crate::inputs::Read;
-use crate::k8s::{KubeClient, ListedPod};
+use crate::k8s::{claim_name, ClaimHolder, ClaimOutcome, ClaimSpec, KubeClient, ListedPod};
 use crate::plan::PlannedAttachment;
 use crate::pod::PodIdentity;
 use crate::state::SavedPlan;
@@ -166,6 +166,15 @@ pub fn check(
     }
     if let Some(client) = client {
         let policy = client.options().retry;
+        // The API server arbitrates: one AddressClaim per address (O(1) per ADD). Without the
+        // CRD, the rights to it, or a pod UID, the namespace LIST below decides instead.
+        match claim_all(ctx, client, me, &wanted)? {
+            Claims::Taken => return Ok(Some(lock)),
+            Claims::HeldBy(h) => return Err(in_use(&label, h)),
+            Claims::Unavailable(why) => {
+                tracing::debug!(pod = %me.key(), reason = %why, "address claims unavailable: checking the namespace's pods")
+            }
+        }
         match ctx.block_on(client.list_pods(&me.namespace, policy))? {
             Ok(pods) => {
                 if let Some(h) = held_in_namespace(&pods, me, &wanted) {
@@ -180,6 +189,116 @@ pub fn check(
         }
     }
     Ok(Some(lock))
+}
+
+/// How the claims of an ADD's addresses went.
+#[derive(Debug)]
+enum Claims {
+    /// Every address is this pod's now (created, already its own, or taken over from a pod
+    /// that is gone).
+    Taken,
+    /// Another live pod holds one (the claims this call made are released).
+    HeldBy(Held),
+    /// Claims cannot decide (no CRD, no right, no pod UID, the API failing): the caller falls
+    /// back to the namespace LIST.
+    Unavailable(String),
+}
+
+/// Whether the pod a claim names still holds its address: it exists with that UID and has
+/// not finished. Unknown (the API failing) counts as alive: the ADD is retried.
+fn holder_alive(ctx: &mut Ctx, client: &KubeClient, ns: &str, holder: &ClaimHolder) -> bool {
+    let got = ctx.block_on(client.get_pod(ns, &holder.name, None, client.options().retry));
+    tracing::debug!(holder = %holder.name, result = ?got.as_ref().map(|r| r.as_ref().map(|p| p.is_some())), "address claim holder read");
+    match got {
+        Ok(Ok(None)) => false,
+        Ok(Ok(Some(p))) => {
+            let same = p.metadata.uid.as_deref() == Some(holder.uid.as_str());
+            let finished = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+            same && !finished
+        }
+        _ => true,
+    }
+}
+
+/// Claim every wanted address for `me` (see [`Claims`]).
+fn claim_all(
+    ctx: &mut Ctx,
+    client: &KubeClient,
+    me: &PodIdentity,
+    wanted: &[Wanted],
+) -> Result<Claims, MetaError> {
+    if me.uid.is_empty() {
+        return Ok(Claims::Unavailable(
+            "no K8S_POD_UID from the runtime".into(),
+        ));
+    }
+    let policy = client.options().retry;
+    let spec = |net: &str, ip: &IpAddr| ClaimSpec {
+        network: net.to_string(),
+        address: ip.to_string(),
+        node: String::new(),
+        container_id: me.infra_container_id.clone(),
+        pod: ClaimHolder {
+            name: me.name.clone(),
+            uid: me.uid.clone(),
+        },
+    };
+    let mut mine: Vec<&Wanted> = Vec::new();
+    let mut outcome = Claims::Taken;
+    for w in wanted {
+        let sp = spec(&w.0, &w.1);
+        let got = ctx.block_on(client.claim_address(&me.namespace, &sp, policy))?;
+        match got {
+            Ok(ClaimOutcome::Created | ClaimOutcome::AlreadyOurs) => mine.push(w),
+            Ok(ClaimOutcome::HeldBy {
+                holder,
+                resource_version,
+            }) => {
+                let who = format!(
+                    "pod {}/{} (address claim {})",
+                    me.namespace,
+                    holder.pod.name,
+                    claim_name(&w.0, w.1)
+                );
+                if holder_alive(ctx, client, &me.namespace, &holder.pod) {
+                    outcome = Claims::HeldBy((w.0.clone(), w.1, who));
+                    break;
+                }
+                let taken =
+                    ctx.block_on(client.take_over_claim(&me.namespace, &sp, &resource_version))?;
+                match taken {
+                    Ok(()) => mine.push(w),
+                    Err(e) => {
+                        tracing::info!(pod = %me.key(), error = %e, "address claim taken over by another pod first");
+                        outcome = Claims::HeldBy((
+                            w.0.clone(),
+                            w.1,
+                            format!("{who}, taken over just now"),
+                        ));
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                outcome = Claims::Unavailable(e.to_string());
+                break;
+            }
+        }
+    }
+    if !matches!(outcome, Claims::Taken) {
+        for (net, ip) in mine {
+            let released =
+                ctx.block_on(client.release_claim(&me.namespace, net, *ip, &me.uid, policy))?;
+            if let Err(e) = released {
+                tracing::warn!(pod = %me.key(), network = %net, address = %ip, error = %e, "address claim not released");
+            }
+        }
+    }
+    Ok(outcome)
 }
 
 #[cfg(test)]
@@ -308,5 +427,105 @@ mod tests {
             e.msg().contains("10.246.0.10") && e.msg().contains("pod db/mysql-0"),
             "{e}"
         );
+    }
+
+    /// `claim_all` against a mock API answering by method and path; the requests it saw.
+    fn claim_with(
+        answer: impl Fn(&crate::k8s::testutil::Recorded) -> Option<crate::k8s::testutil::Canned>
+            + Send
+            + Sync
+            + 'static,
+    ) -> (Claims, Vec<String>) {
+        use crate::k8s::testutil::MockApi;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mock = MockApi::with_handler(answer);
+        let client = {
+            let _in_rt = rt.enter();
+            mock.client()
+        };
+        let cfg = plexus_conf::plexus_config::PlexusConfig::parse(
+            br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]}"#,
+        )
+        .unwrap();
+        let mut ctx =
+            Ctx::from_config(cfg, &[], None).with_shared(rt.handle().clone(), Some(client.clone()));
+        let wanted = vec![("db/data".to_string(), ip("10.246.0.10"))];
+        let got = claim_all(&mut ctx, &client, &id("mysql-1", "new"), &wanted).unwrap();
+        let seen = mock
+            .requests()
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path_and_query))
+            .collect();
+        (got, seen)
+    }
+
+    fn answer(status: u16, body: &str) -> Option<crate::k8s::testutil::Canned> {
+        Some(crate::k8s::testutil::json_response(status, body))
+    }
+
+    const CONFLICT: &str =
+        r#"{"kind":"Status","code":409,"reason":"AlreadyExists","message":"exists"}"#;
+    const CLAIM_OF_OLD: &str = r#"{"metadata":{"resourceVersion":"7"},"spec":{"network":"db/data","address":"10.246.0.10","pod":{"name":"mysql-1","uid":"old"}}}"#;
+
+    #[test]
+    fn a_free_address_is_claimed_in_one_request() {
+        let (got, seen) = claim_with(|_| answer(201, "{}"));
+        assert!(matches!(got, Claims::Taken), "{got:?}");
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(
+            seen[0].starts_with("POST /apis/plexus.cni.io/v1alpha1/namespaces/db/addressclaims")
+        );
+    }
+
+    #[test]
+    fn a_gone_holders_claim_is_taken_over() {
+        let (got, seen) = claim_with(|r| match (r.method.as_str(), r.path_and_query.as_str()) {
+            ("POST", _) => answer(409, CONFLICT),
+            ("GET", p) if p.contains("/addressclaims/") => answer(200, CLAIM_OF_OLD),
+            ("GET", _) => answer(
+                404,
+                r#"{"kind":"Status","code":404,"reason":"NotFound","message":"pods \"mysql-1\" not found","details":{"name":"mysql-1","kind":"pods"}}"#,
+            ),
+            ("PUT", _) => answer(200, "{}"),
+            _ => None,
+        });
+        assert!(matches!(got, Claims::Taken), "{got:?} {seen:?}");
+        assert!(seen.iter().any(|r| r.starts_with("PUT ")), "{seen:?}");
+    }
+
+    #[test]
+    fn a_live_holder_keeps_its_address() {
+        let (got, seen) = claim_with(|r| match (r.method.as_str(), r.path_and_query.as_str()) {
+            ("POST", _) => answer(409, CONFLICT),
+            ("GET", p) if p.contains("/addressclaims/") => answer(200, CLAIM_OF_OLD),
+            ("GET", _) => answer(
+                200,
+                r#"{"metadata":{"name":"mysql-1","namespace":"db","uid":"old"},"spec":{},"status":{"phase":"Running"}}"#,
+            ),
+            _ => None,
+        });
+        match got {
+            Claims::HeldBy((net, addr, who)) => {
+                assert_eq!((net.as_str(), addr), ("db/data", ip("10.246.0.10")));
+                assert!(who.contains("pod db/mysql-1"), "{who}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!seen.iter().any(|r| r.starts_with("PUT ")), "{seen:?}");
+    }
+
+    #[test]
+    fn without_the_crd_the_namespace_list_decides() {
+        let (got, _) = claim_with(|_| {
+            answer(
+                404,
+                r#"{"kind":"Status","code":404,"reason":"NotFound","message":"the server could not find the requested resource"}"#,
+            )
+        });
+        assert!(matches!(got, Claims::Unavailable(_)), "{got:?}");
     }
 }
