@@ -17,7 +17,7 @@ use crate::inputs::Read;
 use crate::k8s::{claim_name, ClaimHolder, ClaimOutcome, ClaimSpec, KubeClient, ListedPod};
 use crate::plan::PlannedAttachment;
 use crate::pod::PodIdentity;
-use crate::state::SavedPlan;
+use crate::state::{ClaimedAddress, SavedPlan};
 use plexus_conf::k8s::fixed_ips::{parse_cidr, static_addresses as ipam_addresses};
 use plexus_conf::k8s::network_status::NetworkStatus;
 use plexus_delegates::lock::FileLock;
@@ -140,17 +140,26 @@ fn in_use(label: &str, (network, ip, holder): Held) -> MetaError {
     }
 }
 
-/// Check the plan's static addresses; on success the returned lock (when any address was
-/// checked) must be held until the plan is saved.
+/// What the guard holds for an ADD: the node-wide lock (held until the plan is saved) and the
+/// addresses claimed in the API (recorded in the plan, released at DEL or rollback).
+#[derive(Debug, Default)]
+pub struct Guarded {
+    /// The node-wide lock, when any address was checked.
+    pub lock: Option<FileLock>,
+    /// The addresses this ADD now holds an `AddressClaim` for.
+    pub claimed: Vec<ClaimedAddress>,
+}
+
+/// Check the plan's static addresses (see [`Guarded`]).
 pub fn check(
     ctx: &mut Ctx,
     client: Option<&KubeClient>,
     id: Option<&PodIdentity>,
     plan: &[PlannedAttachment],
-) -> Result<Option<FileLock>, MetaError> {
+) -> Result<Guarded, MetaError> {
     let wanted = static_addresses(plan);
     let Some(me) = id.filter(|_| !wanted.is_empty()) else {
-        return Ok(None);
+        return Ok(Guarded::default());
     };
     let label = format!("pod {}", me.key());
     let path = Path::new(&ctx.config.cni_dir)
@@ -169,7 +178,19 @@ pub fn check(
         // The API server arbitrates: one AddressClaim per address (O(1) per ADD). Without the
         // CRD, the rights to it, or a pod UID, the namespace LIST below decides instead.
         match claim_all(ctx, client, me, &wanted)? {
-            Claims::Taken => return Ok(Some(lock)),
+            Claims::Taken => {
+                let claimed = wanted
+                    .iter()
+                    .map(|(network, address)| ClaimedAddress {
+                        network: network.clone(),
+                        address: *address,
+                    })
+                    .collect();
+                return Ok(Guarded {
+                    lock: Some(lock),
+                    claimed,
+                });
+            }
             Claims::HeldBy(h) => return Err(in_use(&label, h)),
             Claims::Unavailable(why) => {
                 tracing::debug!(pod = %me.key(), reason = %why, "address claims unavailable: checking the namespace's pods")
@@ -188,7 +209,46 @@ pub fn check(
             ),
         }
     }
-    Ok(Some(lock))
+    Ok(Guarded {
+        lock: Some(lock),
+        claimed: Vec::new(),
+    })
+}
+
+/// Release the claims an ADD of `pod` recorded (DEL, rollback): best effort, one GET and one
+/// DELETE each; a claim another pod took over stays, a failure is logged (the next pod that
+/// wants the address takes the claim over once this pod is gone).
+pub fn release(ctx: &mut Ctx, pod: Option<&PodIdentity>, claimed: &[ClaimedAddress]) {
+    let Some(pod) = pod.filter(|p| !p.uid.is_empty() && !claimed.is_empty()) else {
+        return;
+    };
+    let client = match ctx.client() {
+        Ok(Some(c)) => c,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(pod = %pod.key(), error = %e, "address claims not released: no API client");
+            return;
+        }
+    };
+    let quick = crate::k8s::RetryPolicy::none();
+    for c in claimed {
+        let done = ctx.block_on(client.release_claim(
+            &pod.namespace,
+            &c.network,
+            c.address,
+            &pod.uid,
+            quick,
+        ));
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(pod = %pod.key(), network = %c.network, address = %c.address, error = %e, "address claim not released")
+            }
+            Err(e) => {
+                tracing::warn!(pod = %pod.key(), error = %e, "address claims not released")
+            }
+        }
+    }
 }
 
 /// How the claims of an ADD's addresses went.

@@ -40,6 +40,18 @@ pub struct SavedPlan {
     /// When the first DEL attempt failed (seconds since the Unix epoch), if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_del_failure: Option<u64>,
+    /// The fixed addresses this ADD holds an `AddressClaim` for (released at DEL).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimedAddress>,
+}
+
+/// A fixed address claimed in the API at ADD (`address_guard`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimedAddress {
+    /// The network (NAD `namespace/name`).
+    pub network: String,
+    /// The address.
+    pub address: std::net::IpAddr,
 }
 
 impl SavedPlan {
@@ -60,6 +72,7 @@ impl SavedPlan {
             attachments,
             del_failures: 0,
             first_del_failure: None,
+            claims: Vec::new(),
         }
     }
 }
@@ -285,6 +298,26 @@ impl PlanStore {
 
 #[cfg(test)]
 mod tests {
+    /// A plan's address claims are kept across a save; a plan without any writes no `claims`
+    /// key (what an earlier plexus reads is unchanged).
+    #[test]
+    fn claims_are_saved_and_absent_when_none() {
+        let mut p = super::SavedPlan::new("c1", "eth0", "/n", None, vec![]);
+        let plain = serde_json::to_value(&p).unwrap();
+        assert!(plain.get("claims").is_none(), "{plain}");
+        p.claims.push(super::ClaimedAddress {
+            network: "db/data".into(),
+            address: "10.56.100.10".parse().unwrap(),
+        });
+        let text = serde_json::to_string(&p).unwrap();
+        let back: super::SavedPlan = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.claims, p.claims);
+        assert!(
+            text.contains(r#""claims":[{"network":"db/data","address":"10.56.100.10"}]"#),
+            "{text}"
+        );
+    }
+
     /// Every plan format an earlier plexus wrote still reads (one fixture per format change:
     /// the first plans; `resourceName`; `delFailures`/`firstDelFailure`; `nad`), and a plan of
     /// another kind (a newer plexus, before a downgrade) is refused naming its kind.

@@ -27,7 +27,7 @@ struct Prepared {
     label: String,
     plan: Vec<PlannedAttachment>,
     /// The node's static-address lock, held until the plan is saved (crate::address_guard).
-    address_lock: Option<plexus_delegates::lock::FileLock>,
+    guarded: crate::address_guard::Guarded,
 }
 
 /// Run ADD with its inputs read from `inputs`.
@@ -124,7 +124,7 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
             crate::address_guard::check(ctx, client.as_ref(), id.as_ref(), &plan)
                 .map(|lock| (plan, lock))
         });
-    let (plan, address_lock) = match planned {
+    let (plan, guarded) = match planned {
         Ok(planned) => planned,
         Err(e) => {
             // The pod author's mistakes (a missing NAD, a bad annotation) show on the pod.
@@ -148,7 +148,7 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         pod,
         label,
         plan,
-        address_lock,
+        guarded,
     })
 }
 
@@ -211,8 +211,12 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         pod,
         label,
         plan,
-        address_lock,
+        guarded,
     } = p;
+    let crate::address_guard::Guarded {
+        lock: address_lock,
+        claimed,
+    } = guarded;
     // From here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
     // A second ADD for an attachment that exists must change nothing (the spec: error out).
@@ -232,13 +236,21 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
     timed("tombstone", || {
         ctx.store.clear_tombstone(&args.container_id, &args.ifname)
     });
-    let durable = ctx.store.save_for_add(&SavedPlan::new(
+    let mut saved = SavedPlan::new(
         &args.container_id,
         &args.ifname,
         &args.netns,
         id.clone(),
         plan.clone(),
-    ))?;
+    );
+    saved.claims = claimed.clone();
+    let durable = match ctx.store.save_for_add(&saved) {
+        Ok(d) => d,
+        Err(e) => {
+            crate::address_guard::release(ctx, id.as_ref(), &claimed);
+            return Err(e);
+        }
+    };
     drop(address_lock);
     timed("devinfo", || {
         crate::devices::devinfo::seed(&plan, Path::new(&ctx.config.device_info_dir))
@@ -254,6 +266,7 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             // saved plan stays so that DEL retries the cleanup.
             if attach::rolled_back_cleanly(&e) {
                 crate::devices::devinfo::remove(&plan);
+                crate::address_guard::release(ctx, id.as_ref(), &claimed);
                 let _ = ctx.store.remove(&args.container_id, &args.ifname);
                 ctx.store.finish_delete(&args.container_id, &args.ifname);
                 drop(lock);
@@ -276,6 +289,7 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
         // The attachments are fine but the pod would carry no status: undo and let the
         // runtime retry rather than leave a pod that looks single-homed.
         if attach::del_all(&ctx.runtime, &plan, &args.container_id, &args.netns, &label).is_ok() {
+            crate::address_guard::release(ctx, id.as_ref(), &claimed);
             let _ = ctx.store.remove(&args.container_id, &args.ifname);
             ctx.store.finish_delete(&args.container_id, &args.ifname);
             drop(lock);

@@ -170,6 +170,7 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
         Ok(()) => {
             crate::devices::devinfo::remove(&record.attachments);
             crate::report::claims::release_network_data(ctx, &record.attachments);
+            crate::address_guard::release(ctx, record.pod.as_ref(), &record.claims);
             finish(ctx, args, &label, reached_everything)
         }
         Err(e) => {
@@ -181,6 +182,7 @@ pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(),
                     "DEL keeps failing; giving up: what the failing delegates hold may be left behind");
                 attach::forget_results(&ctx.runtime, &record.attachments, &args.container_id);
                 crate::devices::devinfo::remove(&record.attachments);
+                crate::address_guard::release(ctx, record.pod.as_ref(), &record.claims);
                 return finish(ctx, args, &label, true);
             }
             if let Err(save) = ctx.store.save(&record) {
