@@ -1,18 +1,37 @@
-//! Address claims against a real kube-apiserver (WORK IN PROGRESS, issue 27): the
-//! `AddressClaim` CRD (`deploy/address-claim-crd.yaml`) applied for real; two clients (as two
-//! nodes would) claim the same addresses at the same moment and exactly one wins each; a claim
-//! of a pod that is gone is taken over by exactly one of two contenders; a release leaves a
-//! claim another pod took over. Skipped (and passing) without `PLEXUS_K8S_BIN`.
+//! Address claims against a real kube-apiserver: the `AddressClaim` CRD
+//! (`deploy/address-claim-crd.yaml`) and `deploy/rbac-fixed-ips.yaml` applied for real.
+//!
+//! - The requests: two clients (as two nodes would) claim the same addresses at the same moment
+//!   and exactly one wins each; a claim of a pod that is gone is taken over by exactly one of two
+//!   contenders; a release leaves a claim another pod took over.
+//! - Through plexus (its own service account's token, macvlan in real network namespaces, two
+//!   "nodes" = two state directories): an ADD of a fixed address creates one claim and lists no
+//!   pods, DEL removes it; two nodes ADDing one address at once: exactly one wins, the other gets
+//!   code 11 and a Warning event; a claim whose DEL met a stopped apiserver is released by the
+//!   runtime's next DEL; a node that died holding an address (its pod force-deleted) loses it to
+//!   the replacement, and its late DEL leaves the new claim.
+//!
+//! Skipped (and passing) without `PLEXUS_K8S_BIN`.
+
+mod common;
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Barrier;
 
 use anyhow::{ensure, Context, Result};
-use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, Suite};
+use common::{bin, files_under, flannel_like, run, Call, HostLink, Netns, Run, CNI_BIN};
+use plexus_e2e::nad_policy_allowing;
+use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, metrics, setup_or_report, ControlPlane, RequestKey, Suite,
+};
 use plexus_meta::k8s::{ClaimHolder, ClaimOutcome, ClaimSpec, KubeClient, RetryPolicy};
+use serde_json::{json, Value};
 
 const NS: &str = "bank";
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 
 fn main() -> ExitCode {
     let Some(cp) = control_plane_or_skip() else {
@@ -31,9 +50,13 @@ fn main() -> ExitCode {
         ])?;
         cp.create_namespace(NS)
     };
-    if setup_or_report("real_address_claims", &cp, setup()).is_none() {
+    let Some(nodes) = setup_or_report(
+        "real_address_claims",
+        &cp,
+        setup().and_then(|()| Nodes::new(&cp)),
+    ) else {
         return ExitCode::FAILURE;
-    }
+    };
     let mut suite = Suite::new("real_address_claims");
     suite.case(
         "two_nodes_claim_one_address_at_once_exactly_one_wins",
@@ -42,7 +65,333 @@ fn main() -> ExitCode {
     suite.case("a_gone_holders_claim_is_taken_over_by_exactly_one", || {
         take_over(&cp)
     });
+    suite.case(
+        "plexus_add_claims_the_address_without_listing_pods_del_releases_it",
+        || add_claims_del_releases(&nodes),
+    );
+    suite.case(
+        "plexus_on_two_nodes_add_one_address_at_once_one_wins_one_gets_11_and_an_event",
+        || two_nodes_race(&nodes),
+    );
+    suite.case(
+        "plexus_del_with_the_apiserver_stopped_releases_the_claim_at_the_next_del",
+        || del_apiserver_down(&nodes),
+    );
+    suite.case(
+        "plexus_replacement_takes_over_a_dead_nodes_address_its_late_del_leaves_it",
+        || dead_node_take_over(&nodes),
+    );
+    drop(nodes);
     suite.finish()
+}
+
+/// Two nodes' plexus (state, bridge, kubeconfig of `kube-system/plexus`) and a macvlan master.
+struct Nodes<'a> {
+    cp: &'a ControlPlane,
+    rig: Rig<'a>,
+    bridges: [HostLink; 2],
+    master: HostLink,
+}
+
+/// The bank NAD's one fixed address (static IPAM in the NAD).
+const FIXED: &str = "10.56.7.10";
+
+impl<'a> Nodes<'a> {
+    fn new(cp: &'a ControlPlane) -> Result<Nodes<'a>> {
+        let rig = Rig::builder()
+            .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-fixed-ips.yaml"])
+            .plexus_token(PlexusToken::Unbound)
+            .build(cp)?;
+        let nodes = Nodes {
+            cp,
+            rig,
+            bridges: [HostLink::bridge_name(), HostLink::bridge_name()],
+            master: HostLink::veth_master(),
+        };
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":nodes.master.0,"mode":"bridge",
+            "ipam":{"type":"static","addresses":[{"address":format!("{FIXED}/24")}]}});
+        let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+            "metadata":{"name":"ledger","namespace":NS},"spec":{"config":cfg.to_string()}});
+        cp.apply(&nad.to_string())?;
+        Ok(nodes)
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.rig.path(p)
+    }
+
+    /// Node `n`'s plexus config.
+    fn config(&self, n: usize) -> Value {
+        json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
+            "kubeconfig": self.rig.kubeconfig(), "cniDir": self.path(&format!("state-{n}")), "binDir": CNI_BIN,
+            "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path(&format!("plexus-{n}.log")), "logToStderr": false,
+            "nadPolicy": nad_policy_allowing(&[self.rig.dir()]),
+            "delegates":[flannel_like(&self.bridges[n].0, 61 + n as u8, &self.path(&format!("ipam-{n}")))]})
+    }
+
+    /// A pod asking for the ledger network; its UID.
+    fn pod(&self, name: &str) -> Result<String> {
+        let pod = json!({"apiVersion":"v1","kind":"Pod",
+            "metadata":{"name":name,"namespace":NS,"annotations":{NETWORKS:"ledger"}},
+            "spec":{"nodeName":"plexus-claims-node","automountServiceAccountToken":false,
+                "containers":[{"name":"c","image":"local/pause:1"}]}});
+        self.cp
+            .kubectl_stdin(&["create", "-f", "-"], Some(&pod.to_string()))?;
+        let p = self
+            .cp
+            .get_json(&format!("/api/v1/namespaces/{NS}/pods/{name}"))?;
+        Ok(p["metadata"]["uid"].as_str().context("uid")?.to_string())
+    }
+
+    fn delete_pod(&self, name: &str) -> Result<()> {
+        self.cp.kubectl(&[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            name,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ])?;
+        Ok(())
+    }
+
+    fn args(name: &str, uid: &str) -> String {
+        format!("K8S_POD_INFRA_CONTAINER_ID=cid-{name};K8S_POD_UID={uid};IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={name}")
+    }
+
+    /// `command` for pod `name` on node `n`.
+    fn call(&self, n: usize, command: &str, name: &str, uid: &str, netns: &str) -> Run {
+        run(
+            &bin("plexus"),
+            &Call {
+                command,
+                container_id: &format!("cid-{name}"),
+                netns,
+                ifname: "eth0",
+                args: &Self::args(name, uid),
+            },
+            &self.config(n),
+            &[],
+        )
+    }
+
+    /// The claims of the bank namespace: `(address, holder pod name, holder UID, node)`.
+    fn claims(&self) -> Result<Vec<(String, String, String, String)>> {
+        let list = self.cp.get_json(&format!(
+            "/apis/plexus.cni.io/v1alpha1/namespaces/{NS}/addressclaims"
+        ))?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["spec"]["network"] == format!("{NS}/ledger"))
+            .map(|c| {
+                let f = |k: &str| {
+                    c["spec"]
+                        .pointer(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                (f("/address"), f("/pod/name"), f("/pod/uid"), f("/node"))
+            })
+            .collect())
+    }
+
+    /// Plans, leases and pending releases left on both nodes.
+    fn leftovers(&self) -> Vec<String> {
+        (0..2)
+            .flat_map(|n| {
+                let mut v: Vec<String> = files_under(&self.path(&format!("state-{n}")))
+                    .into_iter()
+                    .filter(|f| !f.starts_with("locks"))
+                    .collect();
+                v.extend(files_under(&self.path(&format!("ipam-{n}"))));
+                v
+            })
+            .collect()
+    }
+
+    fn events(&self, pod: &str) -> Result<Vec<Value>> {
+        let list = self.cp.get_json(&format!(
+            "/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name%3D{pod}"
+        ))?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+}
+
+fn add_claims_del_releases(nodes: &Nodes<'_>) -> Result<()> {
+    let uid = nodes.pod("vault-0")?;
+    let ns = Netns::new();
+    let before = nodes.cp.request_totals()?;
+    let r = nodes.call(0, "ADD", "vault-0", &uid, &ns.path());
+    let after = nodes.cp.request_totals()?;
+    ensure!(r.code == 0, "ADD: {} {}", r.out, r.stderr);
+    ensure!(
+        ns.addrs("net1").iter().any(|a| a.starts_with(FIXED)),
+        "net1: {:?}",
+        ns.addrs("net1")
+    );
+    let d = metrics::delta(&before, &after, &["pods", "addressclaims"]);
+    let n = |verb: &str, res: &str| d.get(&RequestKey::new(verb, res, "")).copied().unwrap_or(0);
+    ensure!(
+        n("LIST", "pods") == 0 && n("POST", "addressclaims") == 1,
+        "requests: {d:?}"
+    );
+    let claims = nodes.claims()?;
+    ensure!(
+        claims.len() == 1 && claims[0].0 == FIXED && claims[0].1 == "vault-0" && claims[0].2 == uid,
+        "{claims:?}"
+    );
+    let r = nodes.call(0, "DEL", "vault-0", &uid, &ns.path());
+    ensure!(r.code == 0, "DEL: {}", r.out);
+    ensure!(nodes.claims()?.is_empty(), "{:?}", nodes.claims()?);
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    nodes.delete_pod("vault-0")
+}
+
+fn two_nodes_race(nodes: &Nodes<'_>) -> Result<()> {
+    let names = ["race-a", "race-b"];
+    let uids = [nodes.pod(names[0])?, nodes.pod(names[1])?];
+    let nss = [Netns::new(), Netns::new()];
+    let barrier = Barrier::new(2);
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|n| {
+                let (barrier, nss, uids) = (&barrier, &nss, &uids);
+                s.spawn(move || {
+                    barrier.wait();
+                    nodes.call(n, "ADD", names[n], &uids[n], &nss[n].path())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("ADD")).collect()
+    });
+    let won: Vec<usize> = (0..2).filter(|n| runs[*n].code == 0).collect();
+    ensure!(
+        won.len() == 1,
+        "want exactly one winner: {} / {}",
+        runs[0].out,
+        runs[1].out
+    );
+    let (w, l) = (won[0], 1 - won[0]);
+    let err = &runs[l].out;
+    ensure!(err["code"] == 11, "{err}");
+    let msg = format!("{}", err["msg"]);
+    let details = format!("{}", err["details"]);
+    ensure!(
+        msg.contains(names[l]) && (msg.contains(FIXED) || details.contains(FIXED)),
+        "{err}"
+    );
+    ensure!(
+        details.contains(&format!("{NS}/{}", names[w]))
+            || msg.contains(&format!("{NS}/{}", names[w])),
+        "the error does not name the holder: {err}"
+    );
+    ensure!(
+        nss[l].links() == ["lo"],
+        "the loser kept {:?}",
+        nss[l].links()
+    );
+    let mut warned = false;
+    for _ in 0..50 {
+        warned = nodes
+            .events(names[l])?
+            .iter()
+            .any(|e| e["type"] == "Warning" && e["message"].as_str().unwrap_or("").contains(FIXED));
+        if warned {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ensure!(
+        warned,
+        "no Warning event on {}: {:?}",
+        names[l],
+        nodes.events(names[l])?
+    );
+    let claims = nodes.claims()?;
+    ensure!(
+        claims.len() == 1 && claims[0].1 == names[w],
+        "claims: {claims:?}"
+    );
+    for n in 0..2 {
+        let r = nodes.call(n, "DEL", names[n], &uids[n], &nss[n].path());
+        ensure!(r.code == 0, "DEL: {}", r.out);
+        nodes.delete_pod(names[n])?;
+    }
+    ensure!(nodes.claims()?.is_empty(), "{:?}", nodes.claims()?);
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    Ok(())
+}
+
+fn del_apiserver_down(nodes: &Nodes<'_>) -> Result<()> {
+    let uid = nodes.pod("vault-1")?;
+    let ns = Netns::new();
+    let r = nodes.call(0, "ADD", "vault-1", &uid, &ns.path());
+    ensure!(r.code == 0, "ADD: {}", r.out);
+    ensure!(nodes.claims()?.len() == 1);
+    nodes.cp.stop_apiserver();
+    let first = nodes.call(0, "DEL", "vault-1", &uid, &ns.path());
+    let pending = files_under(&nodes.path("state-0/claims-pending"));
+    let started = nodes.cp.start_apiserver();
+    ensure!(
+        first.code == 0,
+        "DEL with the apiserver stopped: {}",
+        first.out
+    );
+    started?;
+    ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+    ensure!(pending.len() == 1, "pending releases: {pending:?}");
+    let claims = nodes.claims()?;
+    ensure!(claims.len() == 1 && claims[0].2 == uid, "{claims:?}");
+    // The runtime's next DEL (empty netns) releases it.
+    let again = nodes.call(0, "DEL", "vault-1", &uid, "");
+    ensure!(again.code == 0, "{}", again.out);
+    ensure!(nodes.claims()?.is_empty(), "{:?}", nodes.claims()?);
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    nodes.delete_pod("vault-1")
+}
+
+fn dead_node_take_over(nodes: &Nodes<'_>) -> Result<()> {
+    // vault-2 runs on node 0, which dies: the operator force-deletes the pod, the StatefulSet
+    // controller creates it again (same name, new UID), scheduled on node 1.
+    let old = nodes.pod("vault-2")?;
+    let ns0 = Netns::new();
+    ensure!(nodes.call(0, "ADD", "vault-2", &old, &ns0.path()).code == 0);
+    // While the old pod exists, the address is its.
+    let other = nodes.pod("vault-x")?;
+    let nsx = Netns::new();
+    let refused = nodes.call(1, "ADD", "vault-x", &other, &nsx.path());
+    ensure!(refused.out["code"] == 11, "{}", refused.out);
+    ensure!(nodes.call(1, "DEL", "vault-x", &other, &nsx.path()).code == 0);
+    nodes.delete_pod("vault-x")?;
+    nodes.delete_pod("vault-2")?;
+    let mut new = String::new();
+    for _ in 0..50 {
+        if let Ok(u) = nodes.pod("vault-2") {
+            new = u;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ensure!(!new.is_empty() && new != old, "vault-2 not recreated");
+    let ns1 = Netns::new();
+    let r = nodes.call(1, "ADD", "vault-2", &new, &ns1.path());
+    ensure!(r.code == 0, "the replacement: {}", r.out);
+    let claims = nodes.claims()?;
+    ensure!(claims.len() == 1 && claims[0].2 == new, "{claims:?}");
+    // Node 0 comes back and its runtime DELs the old sandbox: the new claim stays.
+    ensure!(nodes.call(0, "DEL", "vault-2", &old, &ns0.path()).code == 0);
+    let claims = nodes.claims()?;
+    ensure!(claims.len() == 1 && claims[0].2 == new, "{claims:?}");
+    ensure!(nodes.call(1, "DEL", "vault-2", &new, &ns1.path()).code == 0);
+    ensure!(nodes.claims()?.is_empty(), "{:?}", nodes.claims()?);
+    nodes.delete_pod("vault-2")?;
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    Ok(())
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -64,6 +413,7 @@ fn spec(addr: IpAddr, pod: &str, uid: &str, node: &str) -> ClaimSpec {
         node: node.into(),
         container_id: format!("c-{pod}"),
         pod: ClaimHolder {
+            namespace: NS.into(),
             name: pod.into(),
             uid: uid.into(),
         },

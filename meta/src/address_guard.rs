@@ -11,10 +11,14 @@
 //! A held address fails ADD with [`MetaError::AddressInUse`] (code 11): the kubelet retries and
 //! the pod starts once the holder is gone. Pods that reference no static address pay nothing.
 
+use crate::claims_pending::{self, PendingRelease};
 use crate::context::Ctx;
 use crate::error::MetaError;
 use crate::inputs::Read;
-use crate::k8s::{claim_name, ClaimHolder, ClaimOutcome, ClaimSpec, KubeClient, ListedPod};
+use crate::k8s::{
+    claim_name, claim_namespace, ClaimHolder, ClaimOutcome, ClaimSpec, K8sError, KubeClient,
+    ListedPod,
+};
 use crate::plan::PlannedAttachment;
 use crate::pod::PodIdentity;
 use crate::state::{ClaimedAddress, SavedPlan};
@@ -24,6 +28,11 @@ use plexus_delegates::lock::FileLock;
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
+
+/// How long a client that found no `AddressClaim` CRD (or no right to it) uses the namespace
+/// LIST without asking again: a daemon does not pay a failed create per ADD; a CRD installed
+/// later is used within this time.
+const CLAIMS_OFF_FOR: Duration = Duration::from_secs(60);
 
 /// How long an ADD waits for another ADD of the node to finish its address check.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -215,40 +224,96 @@ pub fn check(
     })
 }
 
-/// Release the claims an ADD of `pod` recorded (DEL, rollback): best effort, one GET and one
-/// DELETE each; a claim another pod took over stays, a failure is logged (the next pod that
-/// wants the address takes the claim over once this pod is gone).
+/// Release the claims an ADD of `pod` recorded (DEL, rollback): one GET and one DELETE each; a
+/// claim another pod took over stays. A release the API does not answer is recorded
+/// ([`crate::claims_pending`]) and done by a later call of this node.
 pub fn release(ctx: &mut Ctx, pod: Option<&PodIdentity>, claimed: &[ClaimedAddress]) {
     let Some(pod) = pod.filter(|p| !p.uid.is_empty() && !claimed.is_empty()) else {
         return;
     };
-    let client = match ctx.client() {
-        Ok(Some(c)) => c,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(pod = %pod.key(), error = %e, "address claims not released: no API client");
-            return;
-        }
-    };
-    let quick = crate::k8s::RetryPolicy::none();
-    for c in claimed {
-        let done = ctx.block_on(client.release_claim(
-            &pod.namespace,
-            &c.network,
-            c.address,
-            &pod.uid,
-            quick,
-        ));
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(pod = %pod.key(), network = %c.network, address = %c.address, error = %e, "address claim not released")
-            }
-            Err(e) => {
-                tracing::warn!(pod = %pod.key(), error = %e, "address claims not released")
-            }
+    let records: Vec<PendingRelease> = claimed
+        .iter()
+        .map(|c| PendingRelease {
+            namespace: claim_namespace(&c.network, &pod.namespace).to_string(),
+            network: c.network.clone(),
+            address: c.address,
+            pod: pod.key(),
+            pod_uid: pod.uid.clone(),
+        })
+        .collect();
+    let cni_dir = std::path::PathBuf::from(&ctx.config.cni_dir);
+    // Once the API server does not answer, the rest is recorded without trying.
+    let mut answering = true;
+    for r in records {
+        answering = answering && release_one(ctx, &r);
+        if !answering {
+            claims_pending::record(&cni_dir, &r);
         }
     }
+}
+
+/// Release the claims earlier calls of this node could not (see [`release`]); cheap when there
+/// are none (one directory read). Stops at the first release the API server does not answer.
+pub fn release_pending(ctx: &mut Ctx) {
+    let cni_dir = std::path::PathBuf::from(&ctx.config.cni_dir);
+    let pending = claims_pending::pending(&cni_dir);
+    if pending.is_empty() {
+        return;
+    }
+    let client = match ctx.client() {
+        Ok(Some(c)) => c,
+        _ => return,
+    };
+    let _ = ctx.block_on(release_recorded(&client, pending));
+}
+
+/// Release recorded claims (see [`release_pending`]); the daemon's sweep calls it directly.
+pub async fn release_recorded(
+    client: &KubeClient,
+    pending: Vec<(std::path::PathBuf, PendingRelease)>,
+) {
+    for (file, r) in pending {
+        if !release_claim_of(client, &r).await {
+            break;
+        }
+        tracing::info!(pod = %r.pod, network = %r.network, address = %r.address, "pending address claim released");
+        claims_pending::done(&file);
+    }
+}
+
+/// Release one claim; `false` when it should be tried again later (the API server unreachable
+/// or failing). A claim that is gone, or names another pod, is done; so is one this node has
+/// no right to (the next pod that wants the address takes it over once its holder is gone).
+async fn release_claim_of(client: &KubeClient, r: &PendingRelease) -> bool {
+    let quick = crate::k8s::RetryPolicy::none();
+    match client
+        .release_claim(&r.namespace, &r.network, r.address, &r.pod_uid, quick)
+        .await
+    {
+        Ok(()) => true,
+        Err(e) if e.is_transient() => {
+            tracing::debug!(pod = %r.pod, network = %r.network, address = %r.address, error = %e, "address claim not released");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(pod = %r.pod, network = %r.network, address = %r.address, error = %e, "address claim not released");
+            true
+        }
+    }
+}
+
+/// Release one claim now (see [`release_claim_of`]); without an API client there is nothing
+/// to release.
+fn release_one(ctx: &mut Ctx, r: &PendingRelease) -> bool {
+    let client = match ctx.client() {
+        Ok(Some(c)) => c,
+        Ok(None) => return true,
+        Err(e) => {
+            tracing::warn!(pod = %r.pod, error = %e, "address claim not released: no API client");
+            return false;
+        }
+    };
+    ctx.block_on(release_claim_of(&client, r)).unwrap_or(false)
 }
 
 /// How the claims of an ADD's addresses went.
@@ -296,13 +361,19 @@ fn claim_all(
             "no K8S_POD_UID from the runtime".into(),
         ));
     }
+    if client.claims_off() {
+        return Ok(Claims::Unavailable(
+            "the AddressClaim CRD or the right to it was missing a moment ago".into(),
+        ));
+    }
     let policy = client.options().retry;
     let spec = |net: &str, ip: &IpAddr| ClaimSpec {
         network: net.to_string(),
         address: ip.to_string(),
-        node: String::new(),
+        node: client.options().reporting_instance.clone(),
         container_id: me.infra_container_id.clone(),
         pod: ClaimHolder {
+            namespace: me.namespace.clone(),
             name: me.name.clone(),
             uid: me.uid.clone(),
         },
@@ -311,25 +382,35 @@ fn claim_all(
     let mut outcome = Claims::Taken;
     for w in wanted {
         let sp = spec(&w.0, &w.1);
-        let got = ctx.block_on(client.claim_address(&me.namespace, &sp, policy))?;
+        let ns = claim_namespace(&w.0, &me.namespace);
+        let got = ctx.block_on(client.claim_address(ns, &sp, policy))?;
         match got {
             Ok(ClaimOutcome::Created | ClaimOutcome::AlreadyOurs) => mine.push(w),
             Ok(ClaimOutcome::HeldBy {
                 holder,
                 resource_version,
             }) => {
+                // Claims written before the holder's namespace was recorded: the claim's own.
+                let holder_ns = if holder.pod.namespace.is_empty() {
+                    ns
+                } else {
+                    holder.pod.namespace.as_str()
+                };
                 let who = format!(
-                    "pod {}/{} (address claim {})",
-                    me.namespace,
+                    "pod {holder_ns}/{} on node {} (address claim {ns}/{})",
                     holder.pod.name,
+                    if holder.node.is_empty() {
+                        "?"
+                    } else {
+                        &holder.node
+                    },
                     claim_name(&w.0, w.1)
                 );
-                if holder_alive(ctx, client, &me.namespace, &holder.pod) {
+                if holder_alive(ctx, client, holder_ns, &holder.pod) {
                     outcome = Claims::HeldBy((w.0.clone(), w.1, who));
                     break;
                 }
-                let taken =
-                    ctx.block_on(client.take_over_claim(&me.namespace, &sp, &resource_version))?;
+                let taken = ctx.block_on(client.take_over_claim(ns, &sp, &resource_version))?;
                 match taken {
                     Ok(()) => mine.push(w),
                     Err(e) => {
@@ -344,6 +425,16 @@ fn claim_all(
                 }
             }
             Err(e) => {
+                if matches!(
+                    e,
+                    K8sError::Api {
+                        code: 403 | 404,
+                        ..
+                    } | K8sError::NoSuchPath { .. }
+                ) {
+                    // No CRD, or no right to it: a daemon stops asking for a while.
+                    client.turn_claims_off(CLAIMS_OFF_FOR);
+                }
                 outcome = Claims::Unavailable(e.to_string());
                 break;
             }
@@ -351,8 +442,13 @@ fn claim_all(
     }
     if !matches!(outcome, Claims::Taken) {
         for (net, ip) in mine {
-            let released =
-                ctx.block_on(client.release_claim(&me.namespace, net, *ip, &me.uid, policy))?;
+            let released = ctx.block_on(client.release_claim(
+                claim_namespace(net, &me.namespace),
+                net,
+                *ip,
+                &me.uid,
+                policy,
+            ))?;
             if let Err(e) = released {
                 tracing::warn!(pod = %me.key(), network = %net, address = %ip, error = %e, "address claim not released");
             }
@@ -496,6 +592,18 @@ mod tests {
             + Sync
             + 'static,
     ) -> (Claims, Vec<String>) {
+        let (mut got, seen) = claim_times(1, answer);
+        (got.remove(0), seen)
+    }
+
+    /// `claim_all` `times` times on one client: the outcomes and every request seen.
+    fn claim_times(
+        times: usize,
+        answer: impl Fn(&crate::k8s::testutil::Recorded) -> Option<crate::k8s::testutil::Canned>
+            + Send
+            + Sync
+            + 'static,
+    ) -> (Vec<Claims>, Vec<String>) {
         use crate::k8s::testutil::MockApi;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -514,7 +622,9 @@ mod tests {
         let mut ctx =
             Ctx::from_config(cfg, &[], None).with_shared(rt.handle().clone(), Some(client.clone()));
         let wanted = vec![("db/data".to_string(), ip("10.246.0.10"))];
-        let got = claim_all(&mut ctx, &client, &id("mysql-1", "new"), &wanted).unwrap();
+        let got = (0..times)
+            .map(|_| claim_all(&mut ctx, &client, &id("mysql-1", "new"), &wanted).unwrap())
+            .collect();
         let seen = mock
             .requests()
             .iter()
@@ -580,12 +690,17 @@ mod tests {
 
     #[test]
     fn without_the_crd_the_namespace_list_decides() {
-        let (got, _) = claim_with(|_| {
+        let (got, seen) = claim_times(2, |_| {
             answer(
                 404,
                 r#"{"kind":"Status","code":404,"reason":"NotFound","message":"the server could not find the requested resource"}"#,
             )
         });
-        assert!(matches!(got, Claims::Unavailable(_)), "{got:?}");
+        assert!(
+            got.iter().all(|g| matches!(g, Claims::Unavailable(_))),
+            "{got:?}"
+        );
+        // The client remembers: the second ADD does not ask again.
+        assert_eq!(seen.len(), 1, "{seen:?}");
     }
 }

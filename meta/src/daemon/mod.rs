@@ -180,6 +180,7 @@ impl DaemonPlugin<'_> {
         let phase = plexus_delegates::timing::phase("config");
         let ctx = Ctx::new(args, None)?.with_shared(s.handle.clone(), s.client.clone());
         drop(phase);
+        crate::claims_pending::note_dir(std::path::Path::new(&ctx.config.cni_dir));
         if let (Some(client), true) = (&s.client, status::background()) {
             // Writes a killed daemon left unsent (the first call for this cniDir only).
             let dir = std::path::Path::new(&ctx.config.cni_dir);
@@ -319,6 +320,25 @@ pub fn main(argv: &[String]) -> i32 {
     }
 }
 
+/// How often the daemon releases the address claims DELs could not (the API server was down).
+const CLAIM_SWEEP: Duration = Duration::from_secs(60);
+
+/// Release, every [`CLAIM_SWEEP`], the address claims recorded in the `cniDir`s served so far
+/// ([`crate::claims_pending`]).
+async fn sweep_pending_claims(client: KubeClient) {
+    let mut tick = tokio::time::interval(CLAIM_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for dir in crate::claims_pending::served_dirs() {
+            let pending = crate::claims_pending::pending(&dir);
+            if !pending.is_empty() {
+                crate::address_guard::release_recorded(&client, pending).await;
+            }
+        }
+    }
+}
+
 fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
     plexus_delegates::hostroot::set(std::path::Path::new(&cfg.host_root))?;
     if let Some(root) = plexus_delegates::hostroot::get() {
@@ -338,6 +358,7 @@ fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
                 cfg.node_name.clone(),
                 Arc::clone(&metrics),
             ));
+            rt.spawn(sweep_pending_claims(c.clone()));
         }
         None => {
             tracing::warn!("no API configured: serving static mode");

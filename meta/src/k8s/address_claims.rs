@@ -2,8 +2,8 @@
 //! address a pod holds on a network, so that the API server arbitrates "never one address
 //! twice" with a create (a conflict means taken) instead of a LIST of the namespace's pods.
 //!
-//! WORK IN PROGRESS (issue 27): the requests and their outcomes; the address guard does not use
-//! them yet.
+//! A claim lives in the namespace of the network's NAD (the address space is the NAD's), not
+//! in the pod's: pods of several namespaces on one NAD are arbitrated by the same object.
 
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -52,9 +52,21 @@ pub fn claim_name(network: &str, address: IpAddr) -> String {
     format!("{readable}-{digest:016x}")
 }
 
+/// The namespace the claims of `network` live in: the NAD's (`namespace/name`), else
+/// `pod_namespace` (a network named without a namespace).
+pub fn claim_namespace<'a>(network: &'a str, pod_namespace: &'a str) -> &'a str {
+    match network.split_once('/') {
+        Some((ns, _)) if !ns.is_empty() => ns,
+        _ => pod_namespace,
+    }
+}
+
 /// Who holds a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ClaimHolder {
+    /// Pod namespace (empty in claims written before it was recorded: the claim's own).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
     /// Pod name.
     pub name: String,
     /// Pod UID.
@@ -111,6 +123,25 @@ pub enum ClaimOutcome {
 }
 
 impl KubeClient {
+    /// Whether claims were found unusable on this API server (no CRD, no right) less than a
+    /// while ago ([`KubeClient::turn_claims_off`]).
+    pub fn claims_off(&self) -> bool {
+        let until = self
+            .claims_off_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        until.is_some_and(|t| std::time::Instant::now() < t)
+    }
+
+    /// Remember for `span` that claims are unusable here, so that a long-lived client (the
+    /// daemon's) does not pay a failed create per ADD.
+    pub fn turn_claims_off(&self, span: std::time::Duration) {
+        *self
+            .claims_off_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now() + span);
+    }
+
     /// Create the claim `spec` in `ns` (one request; two when it exists: the GET of who holds it).
     pub async fn claim_address(
         &self,
@@ -278,10 +309,18 @@ mod tests {
             node: "n1".into(),
             container_id: "c1".into(),
             pod: ClaimHolder {
+                namespace: "db".into(),
                 name: pod.into(),
                 uid: uid.into(),
             },
         }
+    }
+
+    #[test]
+    fn claims_live_in_the_nads_namespace() {
+        assert_eq!(claim_namespace("shared/bank", "db"), "shared");
+        assert_eq!(claim_namespace("bank", "db"), "db");
+        assert_eq!(claim_namespace("/bank", "db"), "db");
     }
 
     #[test]

@@ -158,6 +158,9 @@ impl InClusterEnv {
 pub struct KubeClient {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) opts: ClientOptions,
+    /// Until when this API server is known to lack the `AddressClaim` CRD or the right to it
+    /// (`address_claims`), shared by the client's clones.
+    pub(crate) claims_off_until: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -220,7 +223,11 @@ impl KubeClient {
 
     /// A client over `transport`.
     pub(crate) fn with_transport(transport: Arc<dyn Transport>, opts: ClientOptions) -> Self {
-        KubeClient { transport, opts }
+        KubeClient {
+            transport,
+            opts,
+            claims_off_until: Arc::default(),
+        }
     }
 
     /// The same connection with other options (e.g. one quick attempt for a DEL).
@@ -228,6 +235,7 @@ impl KubeClient {
         KubeClient {
             transport: Arc::clone(&self.transport),
             opts,
+            claims_off_until: Arc::clone(&self.claims_off_until),
         }
     }
 

@@ -43,7 +43,7 @@ pub(crate) mod testutil;
 mod tls_tests;
 mod transport;
 
-pub use address_claims::{claim_name, ClaimHolder, ClaimOutcome, ClaimSpec};
+pub use address_claims::{claim_name, claim_namespace, ClaimHolder, ClaimOutcome, ClaimSpec};
 pub use client::{ClientOptions, InClusterEnv, KubeClient, SA_CA_FILE, SA_TOKEN_FILE};
 pub use dra::{network_data_apply, DeviceNetworkData, FIELD_MANAGER, RESOURCE_NAME_ATTR};
 pub use error::{

@@ -190,6 +190,7 @@ fn clip(v: &Value) -> String {
 /// missing or malformed changes nothing ([`gc_valid_attachments`]).
 pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
     let valid = gc_valid_attachments(&args.stdin)?;
+    crate::address_guard::release_pending(ctx);
     let mut errors = Vec::new();
     // Per network: its config, whether it is some pod's default network, and the attachments
     // known valid on it.
@@ -218,6 +219,7 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
             .and_then(|()| ctx.store.remove(&plan.container_id, &plan.ifname));
             if res.is_ok() {
                 crate::devices::devinfo::remove(&plan.attachments);
+                crate::address_guard::release(ctx, plan.pod.as_ref(), &plan.claims);
             }
             match res {
                 Ok(()) => ctx.store.finish_delete(&plan.container_id, &plan.ifname),

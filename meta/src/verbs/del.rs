@@ -67,8 +67,16 @@ fn pick_netns(given: &str, recorded: &str) -> String {
     }
 }
 
-/// Run DEL.
+/// Run DEL, then release the address claims earlier DELs of this node could not (the API
+/// server was down): the runtime's repeated DELs of every pod are what retries them in thin mode.
 pub fn del(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(), MetaError> {
+    let out = del_container(ctx, inputs, args);
+    crate::address_guard::release_pending(ctx);
+    out
+}
+
+/// Delete this container's attachments.
+fn del_container(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<(), MetaError> {
     let cni_args = CniArgs::parse(&args.args).unwrap_or_default();
     let id = PodIdentity::from_args(&cni_args);
     let label = id
