@@ -92,8 +92,10 @@ impl<'a> AdmissionRig<'a> {
         let rig = Rig::builder()
             .deploy(&[
                 "nad-crd.yaml",
+                "address-claim-crd.yaml",
                 "rbac.yaml",
                 "rbac-dra.yaml",
+                "rbac-fixed-ips.yaml",
                 "admission/node-restriction.yaml",
                 "admission/nad-policy.yaml",
                 "admission/nad-policy-configmap.yaml",
@@ -284,6 +286,15 @@ fn direct_writes(rig: &AdmissionRig<'_>) -> Result<()> {
             &alloc.to_string(),
         ])?;
     }
+    // An address claim another node's plexus made.
+    let addr_claim = |name: &str, node: &str| {
+        json!({"apiVersion":"plexus.cni.io/v1alpha1","kind":"AddressClaim",
+            "metadata":{"name":name,"namespace":"bank"},
+            "spec":{"network":"bank/mv","address":"10.171.0.9","node":node,
+                "pod":{"namespace":"bank","name":"pg-b","uid":"u-b"}}})
+    };
+    rig.cp
+        .apply(&addr_claim("theirs", OTHER_NODE).to_string())?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let bound = kube_client(&rig.p("kubeconfig")).await?;
@@ -295,6 +306,7 @@ fn direct_writes(rig: &AdmissionRig<'_>) -> Result<()> {
                 "involvedObject":{"kind":"Pod","namespace":"bank","name":pod},"reason":"AddedInterface",
                 "message":"x","type":"Normal","source":{"component":"plexus","host":host}})
         };
+        let claims = "/apis/plexus.cni.io/v1alpha1/namespaces/bank/addressclaims".to_string();
         let claim_status = |claim: &str| format!("/apis/resource.k8s.io/v1/namespaces/bank/resourceclaims/{claim}/status");
         let net_data = |pool: &str| {
             json!({"status":{"devices":[{"driver":"sriov.plexus.test","pool":pool,"device":"vf-0",
@@ -310,6 +322,10 @@ fn direct_writes(rig: &AdmissionRig<'_>) -> Result<()> {
             ("token without node", &unbound, "PATCH", status("pg-a"), note.clone(), 403, "not bound to a pod"),
             ("event as own node", &bound, "POST", "/api/v1/namespaces/bank/events".into(), event(&rig.node, "pg-a"), 200, ""),
             ("event as another node", &bound, "POST", "/api/v1/namespaces/bank/events".into(), event(OTHER_NODE, "pg-b"), 403, "only report pod events as its own node"),
+            ("address claim naming own node", &bound, "POST", claims.clone(), addr_claim("mine", &rig.node), 200, ""),
+            ("address claim naming another node", &bound, "POST", claims.clone(), addr_claim("forged", OTHER_NODE), 403, "may only write AddressClaims that name its own node"),
+            ("another node's address claim deleted", &bound, "DELETE", format!("{claims}/theirs"), Value::Null, 403, "may only write AddressClaims that name its own node"),
+            ("own address claim deleted", &bound, "DELETE", format!("{claims}/mine"), Value::Null, 200, ""),
         ];
         for (what, client, method, path, body, code, needle) in cases {
             let (got, reason, message) = answer(client, method, &path, &body).await;

@@ -3,7 +3,8 @@
 //! kube-scheduler (binds the replicas) and kube-controller-manager running the statefulset
 //! controller, a real kubelet and containerd (`plexus_e2e::realk8s::node`) with a bridge primary.
 //! Plexus runs with a TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml +
-//! rbac-fixed-ips.yaml + rbac-daemon.yaml) and declares the runtime's pod-annotations capability
+//! rbac-fixed-ips.yaml + rbac-daemon.yaml, with the AddressClaim CRD: each replica's address is
+//! claimed in the API, and no claim is left at the end) and declares the runtime's pod-annotations capability
 //! (so the owner of a replica is read with one GET when a NAD has a mapping).
 //!
 //! Cases, in order, thin mode: 3 replicas get the 3 mapped addresses; a deleted replica comes
@@ -175,6 +176,7 @@ impl<'a> Tier<'a> {
         let cp = self.cp;
         cp.apply_deploy(&[
             "nad-crd.yaml",
+            "address-claim-crd.yaml",
             "rbac.yaml",
             "rbac-fixed-ips.yaml",
             "rbac-daemon.yaml",
@@ -278,6 +280,13 @@ impl<'a> Tier<'a> {
             let ifs = pods::interfaces(&netns)?;
             let ips = ifs.get("net1").map(|i| i.ips.clone()).unwrap_or_default();
             ensure!(ips == vec![want(o)], "{name}: net1 in the pod has {ips:?}");
+            // The API server arbitrates the address: its claim names this very pod.
+            let claims = self.claims()?;
+            ensure!(
+                claims.contains(&(want(o), name.clone(), uid.to_string())),
+                "no address claim of {} by {name} ({uid}): {claims:?}",
+                want(o)
+            );
             replicas.push((netns, want(o)));
         }
         // Packets: every replica reaches every other one at its fixed address on net1, also
@@ -299,6 +308,29 @@ impl<'a> Tier<'a> {
     }
 
     /// Delete a replica and wait for its successor (a new UID) to run.
+    /// The address claims of the `data` network: `(address, pod name, pod UID)`.
+    fn claims(&self) -> Result<Vec<(String, String, String)>> {
+        let list = self.cp.get_json(&format!(
+            "/apis/plexus.cni.io/v1alpha1/namespaces/{NS}/addressclaims"
+        ))?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["spec"]["network"] == format!("{NS}/data"))
+            .map(|c| {
+                let f = |k: &str| {
+                    c["spec"]
+                        .pointer(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                (f("/address"), f("/pod/name"), f("/pod/uid"))
+            })
+            .collect())
+    }
+
     fn recreate(&self, name: &str) -> Result<()> {
         let old = self.pod(name)?.context("no pod")?["metadata"]["uid"].clone();
         self.api.delete_pod(NS, name)?;
@@ -476,6 +508,8 @@ impl<'a> Tier<'a> {
                 .unwrap_or(0);
             Ok(plans == 0)
         })?;
+        let claims = self.claims()?;
+        ensure!(claims.is_empty(), "address claims left: {claims:?}");
         // The runtime tears sandboxes down after the pod objects are gone.
         let seen = self.netns_seen.borrow().clone();
         ensure!(seen.len() >= 5, "only {} netns seen", seen.len());

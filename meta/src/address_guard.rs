@@ -159,11 +159,13 @@ pub struct Guarded {
     pub claimed: Vec<ClaimedAddress>,
 }
 
-/// Check the plan's static addresses (see [`Guarded`]).
+/// Check the plan's static addresses (see [`Guarded`]); `node`: the pod's node when known
+/// (recorded in its claims; else the client's reporting instance, the host name).
 pub fn check(
     ctx: &mut Ctx,
     client: Option<&KubeClient>,
     id: Option<&PodIdentity>,
+    node: &str,
     plan: &[PlannedAttachment],
 ) -> Result<Guarded, MetaError> {
     let wanted = static_addresses(plan);
@@ -186,7 +188,7 @@ pub fn check(
         let policy = client.options().retry;
         // The API server arbitrates: one AddressClaim per address (O(1) per ADD). Without the
         // CRD, the rights to it, or a pod UID, the namespace LIST below decides instead.
-        match claim_all(ctx, client, me, &wanted)? {
+        match claim_all(ctx, client, me, node, &wanted)? {
             Claims::Taken => {
                 let claimed = wanted
                     .iter()
@@ -354,6 +356,7 @@ fn claim_all(
     ctx: &mut Ctx,
     client: &KubeClient,
     me: &PodIdentity,
+    node: &str,
     wanted: &[Wanted],
 ) -> Result<Claims, MetaError> {
     if me.uid.is_empty() {
@@ -370,7 +373,11 @@ fn claim_all(
     let spec = |net: &str, ip: &IpAddr| ClaimSpec {
         network: net.to_string(),
         address: ip.to_string(),
-        node: client.options().reporting_instance.clone(),
+        node: if node.is_empty() {
+            client.options().reporting_instance.clone()
+        } else {
+            node.to_string()
+        },
         container_id: me.infra_container_id.clone(),
         pod: ClaimHolder {
             namespace: me.namespace.clone(),
@@ -623,7 +630,7 @@ mod tests {
             Ctx::from_config(cfg, &[], None).with_shared(rt.handle().clone(), Some(client.clone()));
         let wanted = vec![("db/data".to_string(), ip("10.246.0.10"))];
         let got = (0..times)
-            .map(|_| claim_all(&mut ctx, &client, &id("mysql-1", "new"), &wanted).unwrap())
+            .map(|_| claim_all(&mut ctx, &client, &id("mysql-1", "new"), "n1", &wanted).unwrap())
             .collect();
         let seen = mock
             .requests()

@@ -384,6 +384,14 @@ impl ControlPlane {
             "--timeout=60s",
             "crd/network-attachment-definitions.k8s.cni.cncf.io",
         ])?;
+        if files.contains(&"address-claim-crd.yaml") {
+            self.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/addressclaims.plexus.cni.io",
+            ])?;
+        }
         Ok(())
     }
 

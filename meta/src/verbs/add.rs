@@ -121,7 +121,11 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         })
         .and_then(|plan| {
             let _phase = timing::phase("address_guard");
-            crate::address_guard::check(ctx, client.as_ref(), id.as_ref(), &plan)
+            let node = pod
+                .as_ref()
+                .and_then(|p| p.claims.as_ref())
+                .map_or("", |c| c.node_name.as_str());
+            crate::address_guard::check(ctx, client.as_ref(), id.as_ref(), node, &plan)
                 .map(|lock| (plan, lock))
         });
     let (plan, guarded) = match planned {

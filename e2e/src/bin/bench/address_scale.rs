@@ -1,6 +1,7 @@
 //! `plexus-bench --address-scale`: what "never one address twice" costs per ADD as the
-//! namespace grows (issue 27's baseline): one node's Plexus (thin, then the daemon) against a
-//! real kube-apiserver, a namespace holding 0, 1,000 and 5,000 other pods, and rounds of
+//! namespace grows: one node's Plexus (thin, then the daemon) against a real kube-apiserver,
+//! without the AddressClaim CRD (the guard LISTs the namespace's pods) and with it (one claim
+//! per address), a namespace holding 0, 1,000 and 5,000 other pods, and rounds of
 //! "create a pod asking for a network with a fixed address, ADD it, DEL it, delete it". Prints
 //! the ADD's median time, and the API requests and response bytes per ADD
 //! (`apiserver_request_total`, `apiserver_response_sizes_sum`; the bench's own pod writes
@@ -19,9 +20,9 @@ use crate::sh;
 const ROUNDS: usize = 5;
 
 /// One system at one namespace size: ADD median ms, requests and response bytes per ADD.
-fn measure(kind: Kind, others: usize, bins: Arc<Bins>) -> Result<(f64, f64, f64)> {
+fn measure(kind: Kind, claims: bool, others: usize, bins: Arc<Bins>) -> Result<(f64, f64, f64)> {
     remove_fleet_netns();
-    let mut f = Fleet::start(kind, 1, bins)?;
+    let mut f = Fleet::start_with(kind, 1, bins, claims)?;
     f.populate(others)?;
     f.start_all()?;
     std::thread::sleep(Duration::from_secs(2));
@@ -82,16 +83,23 @@ pub fn run(plexus: &Path, cni_bin: &Path) -> Result<()> {
         "a fixed address per ADD (static IPAM NAD), {ROUNDS} rounds per cell, real kube-apiserver; load average {}",
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
     );
-    println!("| other pods in the namespace | system | ADD median | API requests per ADD | response bytes per ADD |");
-    println!("|---|---|---|---|---|");
+    println!("| other pods in the namespace | system | guard | ADD median | API requests per ADD | response bytes per ADD |");
+    println!("|---|---|---|---|---|---|");
     for &n in &sizes {
         for kind in [Kind::PlexusThin, Kind::PlexusDaemon] {
-            let (ms, reqs, bytes) = measure(kind, n, bins.clone())?;
-            println!(
-                "| {n} | {} | {ms:.0} ms | {reqs:.1} | {:.1} KiB |",
-                kind.label(),
-                bytes / 1024.0
-            );
+            for claims in [false, true] {
+                let (ms, reqs, bytes) = measure(kind, claims, n, bins.clone())?;
+                println!(
+                    "| {n} | {} | {} | {ms:.0} ms | {reqs:.1} | {:.1} KiB |",
+                    kind.label(),
+                    if claims {
+                        "address claims (CRD)"
+                    } else {
+                        "namespace LIST (no CRD)"
+                    },
+                    bytes / 1024.0
+                );
+            }
         }
     }
     Ok(())

@@ -239,11 +239,25 @@ pub(crate) fn remove_fleet_netns() {
 
 impl Fleet {
     pub(crate) fn start(kind: Kind, nodes: usize, bins: Arc<Bins>) -> Result<Fleet> {
+        Self::start_with(kind, nodes, bins, false)
+    }
+
+    /// [`Fleet::start`]; `address_claims`: with the AddressClaim CRD installed.
+    pub(crate) fn start_with(
+        kind: Kind,
+        nodes: usize,
+        bins: Arc<Bins>,
+        address_claims: bool,
+    ) -> Result<Fleet> {
         let Some(k8s) = K8sBins::from_env()? else {
             bail!("--fleet needs PLEXUS_K8S_BIN (the kube-apiserver and etcd binaries)");
         };
         let cp = ControlPlane::start(&k8s)?;
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])?;
+        let mut deploy = vec!["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"];
+        if address_claims {
+            deploy.extend(["rbac-fixed-ips.yaml", "address-claim-crd.yaml"]);
+        }
+        cp.apply_deploy(&deploy)?;
         cp.create_namespace(NS)?;
         let dir = tempfile::Builder::new().prefix("plexus-fleet-").tempdir()?;
         let id = std::process::id() % 10000;
