@@ -24,8 +24,9 @@ const ORDER: &[&str] = &[
     "plan",
     // the node's NAD policy applied to a plan (host paths and resources; no API calls)
     "nad_guard",
-    // saved plans, the per-call context
+    // saved plans, address claim releases not done yet, the per-call context
     "state",
+    "claims_pending",
     "context",
     // inputs: device lookups, then the pod, NADs and devices from the API, caches or files
     "devices",
