@@ -81,6 +81,10 @@ fn main() -> ExitCode {
         "plexus_replacement_takes_over_a_dead_nodes_address_its_late_del_leaves_it",
         || dead_node_take_over(&nodes),
     );
+    suite.case(
+        "a_fixed_address_in_a_whereabouts_pool_on_its_segment_is_refused_until_excluded",
+        || fixed_in_pool(&nodes),
+    );
     drop(nodes);
     suite.finish()
 }
@@ -131,8 +135,13 @@ impl<'a> Nodes<'a> {
 
     /// A pod asking for the ledger network; its UID.
     fn pod(&self, name: &str) -> Result<String> {
+        self.pod_on(name, "ledger")
+    }
+
+    /// A pod asking for `network`; its UID.
+    fn pod_on(&self, name: &str, network: &str) -> Result<String> {
         let pod = json!({"apiVersion":"v1","kind":"Pod",
-            "metadata":{"name":name,"namespace":NS,"annotations":{NETWORKS:"ledger"}},
+            "metadata":{"name":name,"namespace":NS,"annotations":{NETWORKS:network}},
             "spec":{"nodeName":"plexus-claims-node","automountServiceAccountToken":false,
                 "containers":[{"name":"c","image":"local/pause:1"}]}});
         self.cp
@@ -537,5 +546,82 @@ fn take_over(cp: &ControlPlane) -> Result<()> {
         ))? == ClaimOutcome::Created,
         "released claim still there"
     );
+    Ok(())
+}
+
+/// A NAD fixing 10.58.0.10 and a whereabouts NAD whose range holds it, on one macvlan master:
+/// the fixed pod is refused (code 7, both networks named, a Warning event) until the pool
+/// excludes the address; a NAD on another master is no concern.
+fn fixed_in_pool(nodes: &Nodes<'_>) -> Result<()> {
+    let master = HostLink::veth_master();
+    let nad = |name: &str, ipam: Value| -> Result<()> {
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge","ipam":ipam});
+        nodes.cp.apply(
+            &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}})
+            .to_string(),
+        )?;
+        Ok(())
+    };
+    nad(
+        "vault-fixed",
+        json!({"type":"static","addresses":[{"address":"10.58.0.10/24"}]}),
+    )?;
+    nad(
+        "vault-clients",
+        json!({"type":"whereabouts","range":"10.58.0.0/24"}),
+    )?;
+    let uid = nodes.pod_on("vault-9", "vault-fixed")?;
+    let ns = Netns::new();
+    let refused = nodes.call(0, "ADD", "vault-9", &uid, &ns.path());
+    let err = &refused.out;
+    ensure!(refused.code != 0 && err["code"] == 7, "{err}");
+    let msg = err["msg"].as_str().unwrap_or("");
+    ensure!(
+        msg.contains("vault-9")
+            && msg.contains(&format!("{NS}/vault-fixed"))
+            && msg.contains(&format!("{NS}/vault-clients"))
+            && msg.contains("10.58.0.10")
+            && msg.contains("whereabouts"),
+        "{err}"
+    );
+    ensure!(ns.links() == ["lo"], "{:?}", ns.links());
+    ensure!(
+        nodes.claims()?.iter().all(|c| c.0 != "10.58.0.10"),
+        "a refused ADD claimed the address"
+    );
+    let mut warned = false;
+    for _ in 0..50 {
+        warned = nodes.events("vault-9")?.iter().any(|e| {
+            e["type"] == "Warning"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("vault-clients")
+        });
+        if warned {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ensure!(warned, "no Warning event: {:?}", nodes.events("vault-9")?);
+    ensure!(nodes.call(0, "DEL", "vault-9", &uid, &ns.path()).code == 0);
+    // The operator excludes the fixed address from the pool: the replica starts.
+    nad(
+        "vault-clients",
+        json!({"type":"whereabouts","range":"10.58.0.0/24","exclude":["10.58.0.10/32"]}),
+    )?;
+    let ok = nodes.call(0, "ADD", "vault-9", &uid, &ns.path());
+    ensure!(ok.code == 0, "after the exclude: {}", ok.out);
+    ensure!(
+        ns.addrs("net1")
+            .iter()
+            .any(|a| a.starts_with("10.58.0.10/")),
+        "{:?}",
+        ns.addrs("net1")
+    );
+    ensure!(nodes.call(0, "DEL", "vault-9", &uid, &ns.path()).code == 0);
+    nodes.delete_pod("vault-9")?;
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
     Ok(())
 }

@@ -22,6 +22,7 @@ pub mod nad_guard;
 pub mod plan;
 pub mod plugin;
 pub mod pod;
+pub mod pool_guard;
 pub mod report;
 pub mod routes;
 pub mod shim;

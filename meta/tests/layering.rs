@@ -34,6 +34,7 @@ const ORDER: &[&str] = &[
     // stages after the plan
     "attach",
     "report",
+    "pool_guard",
     "address_guard",
     "verbs",
     // front ends

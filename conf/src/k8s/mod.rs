@@ -5,4 +5,5 @@ pub mod devinfo;
 pub mod fixed_ips;
 pub mod nad;
 pub mod network_status;
+pub mod pools;
 pub mod selection;

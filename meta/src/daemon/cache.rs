@@ -196,7 +196,17 @@ impl Caches {
         }
     }
 
-    /// The cached NAD, if any.
+    /// The cached NADs of `ns`, by name.
+    pub fn namespace_nads(&self, ns: &str) -> Vec<(String, NadData)> {
+        self.lock()
+            .nads
+            .iter()
+            .filter(|((n, _), _)| n == ns)
+            .map(|((_, name), d)| (name.clone(), d.clone()))
+            .collect()
+    }
+
+    /// The cached NAD `ns/name`.
     pub fn nad(&self, ns: &str, name: &str) -> Option<NadData> {
         self.lock()
             .nads
@@ -469,6 +479,12 @@ impl Inputs for CacheInputs {
 
     fn client(&mut self, _ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         Ok(self.client.clone())
+    }
+
+    fn namespace_nads(&mut self, _ctx: &mut Ctx, ns: &str) -> Option<Vec<(String, NadData)>> {
+        self.client.as_ref()?;
+        self.caches.wait_nads_synced(self.sync_wait);
+        Some(self.caches.namespace_nads(ns))
     }
 }
 

@@ -54,6 +54,7 @@ impl MetaError {
             | DuplicateInterface { .. }
             | MetaPluginDelegate { .. }
             | NadPolicy { .. }
+            | AddressInPool { .. }
             | MultipleDefaultRoutes { .. }
             | DraDeviceUnpublished { .. }
             | DraResourceMismatch { .. }

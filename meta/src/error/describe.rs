@@ -180,6 +180,17 @@ impl MetaError {
                 format!("{pod}, network {network}: address {address} is in use by {holder}"),
                 "plexus never hands out one address twice: the ADD is retried and succeeds once the holder is gone (a replica still terminating); otherwise give each pod its own address (fixed-ips mapping, annotation ips, NAD static IPAM)".into(),
             ),
+            AddressInPool {
+                pod,
+                network,
+                address,
+                pool_network,
+                ipam,
+                segment,
+            } => (
+                format!("{pod}, network {network}: fixed address {address} is in the range {ipam} hands out on network {pool_network} (same segment: {segment})"),
+                format!("{ipam} does not know the addresses another IPAM fixes on its segment and may give {address} to a pod of {pool_network}: exclude it from that pool (\"exclude\": [\"{address}/32\"] for whereabouts, or a rangeStart/rangeEnd that leaves it out) or move the fixed address out of the range"),
+            ),
             CheckpointUnreadable { pod, path, source } => (
                 format!("{pod}: cannot find the devices the kubelet allocated"),
                 format!(

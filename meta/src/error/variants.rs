@@ -280,6 +280,22 @@ pub enum MetaError {
         /// Who holds it (`pod ns/name`, with where it was seen).
         holder: String,
     },
+    /// A fixed address of the plan lies in the range a pooled IPAM (whereabouts, host-local) of
+    /// another network on the same segment hands out, and is not excluded from it (7).
+    AddressInPool {
+        /// Pod label.
+        pod: String,
+        /// The network with the fixed address.
+        network: String,
+        /// The address.
+        address: String,
+        /// The network whose pool holds it.
+        pool_network: String,
+        /// That pool's IPAM type.
+        ipam: String,
+        /// The segment both join.
+        segment: String,
+    },
 
     // ---- devices ----
     /// The kubelet's device checkpoint cannot be read (11).

@@ -75,6 +75,30 @@ impl Inputs for ApiInputs {
     fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError> {
         ctx.client()
     }
+
+    fn namespace_nads(&mut self, ctx: &mut Ctx, ns: &str) -> Option<Vec<(String, NadData)>> {
+        let client = ctx.client().ok()??;
+        match ctx.block_on(client.list_nads(ns)) {
+            Ok(Ok(nads)) => Some(
+                nads.iter()
+                    .map(|n| {
+                        (
+                            n.metadata.name.clone().unwrap_or_default(),
+                            NadData::from_nad(n),
+                        )
+                    })
+                    .collect(),
+            ),
+            Ok(Err(e)) => {
+                tracing::warn!(namespace = %ns, error = %e, "cannot list the namespace's NADs (thin mode: deploy/rbac-fixed-ips.yaml)");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %ns, error = %e, "cannot list the namespace's NADs");
+                None
+            }
+        }
+    }
 }
 
 /// The pod from what the runtime passed, without an API request: when plexus' config declares

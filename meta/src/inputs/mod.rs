@@ -20,6 +20,7 @@ use crate::devices::dra::DraDevice;
 use crate::error::MetaError;
 use crate::k8s::KubeClient;
 use crate::plan::requests::{self, NadMap};
+use crate::plan::resolve::NadData;
 use crate::plan::DeviceMap;
 use crate::pod::{PodIdentity, PodInfo};
 use std::collections::BTreeSet;
@@ -55,6 +56,11 @@ pub trait Inputs {
     /// The API client the report stage writes through (`None`: static mode, nothing is
     /// reported).
     fn client(&mut self, ctx: &mut Ctx) -> Result<Option<KubeClient>, MetaError>;
+    /// Every NAD of namespace `ns`, by name; `None` when they cannot be read now (logged).
+    /// Sources without an API have none.
+    fn namespace_nads(&mut self, _ctx: &mut Ctx, _ns: &str) -> Option<Vec<(String, NadData)>> {
+        Some(Vec::new())
+    }
 }
 
 pub use crate::plan::Read;

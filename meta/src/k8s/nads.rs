@@ -118,6 +118,40 @@ impl KubeClient {
             Err(e) => Err(e),
         }
     }
+
+    /// LIST the NADs of `ns`, from the API server's watch cache (`resourceVersion=0`: a
+    /// moment stale at most, and no etcd read).
+    pub async fn list_nads(&self, ns: &str) -> Result<Vec<Nad>, K8sError> {
+        let ctx = Ctx {
+            what: "list network-attachment-definitions",
+            ns,
+            name: "",
+        };
+        if let Some(reason) = super::names::namespace_problem(ns) {
+            return Err(K8sError::InvalidName {
+                what: ctx.what,
+                ns: ns.to_owned(),
+                name: String::new(),
+                reason,
+            });
+        }
+        #[derive(Deserialize)]
+        struct List {
+            #[serde(default)]
+            items: Vec<Nad>,
+        }
+        let url = format!(
+            "{}?resourceVersion=0",
+            Nad::url_path(&(), Some(&segment(ns)))
+        );
+        let list = retry::run(self.opts.retry, self.opts.request_timeout, ctx, || async {
+            let req = http::Request::get(url.as_str()).body(Vec::new());
+            let req = built(ctx, req.map_err(kube::core::request::Error::BuildRequest))?;
+            self.fetch::<List>(ctx, req).await
+        })
+        .await?;
+        Ok(list.items)
+    }
 }
 
 #[cfg(test)]

@@ -120,6 +120,12 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
             .map(|()| plan)
         })
         .and_then(|plan| {
+            timed("pool_guard", || {
+                crate::pool_guard::check(ctx, inputs, &label, &plan)
+            })
+            .map(|()| plan)
+        })
+        .and_then(|plan| {
             let _phase = timing::phase("address_guard");
             let node = pod
                 .as_ref()
