@@ -10,7 +10,7 @@
 
 use crate::address_guard::static_addresses;
 use crate::context::Ctx;
-use crate::error::MetaError;
+use crate::error::{MetaError, PoolOverlap};
 use crate::inputs::Inputs;
 use crate::plan::resolve::NadData;
 use crate::plan::PlannedAttachment;
@@ -74,10 +74,12 @@ fn overlap(label: &str, f: &Fixed<'_>, nads: &[(String, NadData)]) -> Option<Met
             return Some(MetaError::AddressInPool {
                 pod: label.to_string(),
                 network: f.network.to_string(),
-                address: ip.to_string(),
-                pool_network: network,
-                ipam: pool.ipam,
-                segment: f.segment.clone(),
+                overlap: Box::new(PoolOverlap {
+                    address: ip.to_string(),
+                    pool_network: network,
+                    ipam: pool.ipam,
+                    segment: f.segment.clone(),
+                }),
             });
         }
     }

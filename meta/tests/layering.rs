@@ -34,8 +34,8 @@ const ORDER: &[&str] = &[
     // stages after the plan
     "attach",
     "report",
-    "pool_guard",
     "address_guard",
+    "pool_guard",
     "verbs",
     // front ends
     "daemon",

@@ -1,7 +1,7 @@
 //! The CNI `msg` and `details` of each [`MetaError`]: what failed, naming the pod, network and
 //! interface when known, and the cause (the source chain); `Display` prints `msg: details`.
 
-use super::{chain, MetaError};
+use super::{chain, MetaError, PoolOverlap};
 use crate::k8s::RESOURCE_NAME_ATTR;
 use std::fmt;
 
@@ -183,14 +183,19 @@ impl MetaError {
             AddressInPool {
                 pod,
                 network,
-                address,
-                pool_network,
-                ipam,
-                segment,
-            } => (
+                overlap,
+            } => {
+                let PoolOverlap {
+                    address,
+                    pool_network,
+                    ipam,
+                    segment,
+                } = overlap.as_ref();
+                (
                 format!("{pod}, network {network}: fixed address {address} is in the range {ipam} hands out on network {pool_network} (same segment: {segment})"),
                 format!("{ipam} does not know the addresses another IPAM fixes on its segment and may give {address} to a pod of {pool_network}: exclude it from that pool (\"exclude\": [\"{address}/32\"] for whereabouts, or a rangeStart/rangeEnd that leaves it out) or move the fixed address out of the range"),
-            ),
+                )
+            }
             CheckpointUnreadable { pod, path, source } => (
                 format!("{pod}: cannot find the devices the kubelet allocated"),
                 format!(

@@ -30,7 +30,7 @@ mod variants;
 
 pub use crate::k8s::error_chain as chain;
 pub use pod_resources::PodResourcesError;
-pub use variants::{MetaError, NadRefusal};
+pub use variants::{MetaError, NadRefusal, PoolOverlap};
 
 /// A source error of any type (netlink, I/O, a plain message).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -162,7 +162,7 @@ fn table() -> Vec<(MetaError, u32)> {
         (PluginMissing { pod: pod(), network: s("db/mv"), source: cni(7) }, 7),
         (FixedIps { pod: pod(), source: cni(7) }, 7),
         (AddressInUse { pod: pod(), network: s("db/mv"), address: s("10.1.1.5"), holder: s("pod db/q") }, 11),
-        (AddressInPool { pod: pod(), network: s("db/bank"), address: s("10.1.1.5"), pool_network: s("db/clients"), ipam: s("whereabouts"), segment: s("link eth1") }, 7),
+        (AddressInPool { pod: pod(), network: s("db/bank"), overlap: Box::new(super::PoolOverlap { address: s("10.1.1.5"), pool_network: s("db/clients"), ipam: s("whereabouts"), segment: s("link eth1") }) }, 7),
         // Devices: 11 while the kubelet or the scheduler may still provide them.
         (unreadable(), 11),
         (CheckpointInvalid { pod: pod(), source: cni(6) }, 6),

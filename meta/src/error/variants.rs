@@ -287,14 +287,8 @@ pub enum MetaError {
         pod: String,
         /// The network with the fixed address.
         network: String,
-        /// The address.
-        address: String,
-        /// The network whose pool holds it.
-        pool_network: String,
-        /// That pool's IPAM type.
-        ipam: String,
-        /// The segment both join.
-        segment: String,
+        /// The address and the pool that may hand it out.
+        overlap: Box<PoolOverlap>,
     },
 
     // ---- devices ----
@@ -647,4 +641,17 @@ pub struct NadRefusal {
     pub why: String,
     /// What the policy allows instead, with the config field that says so.
     pub allowed: String,
+}
+
+/// A fixed address inside another network's pool ([`MetaError::AddressInPool`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOverlap {
+    /// The address.
+    pub address: String,
+    /// The network whose pool holds it.
+    pub pool_network: String,
+    /// That pool's IPAM type.
+    pub ipam: String,
+    /// The segment both networks join.
+    pub segment: String,
 }
