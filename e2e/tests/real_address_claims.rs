@@ -85,6 +85,10 @@ fn main() -> ExitCode {
         "a_fixed_address_in_a_whereabouts_pool_on_its_segment_is_refused_until_excluded",
         || fixed_in_pool(&nodes),
     );
+    suite.case(
+        "host_local_on_a_macvlan_nad_used_from_two_nodes_is_warned_of",
+        || host_local_two_nodes(&nodes),
+    );
     drop(nodes);
     suite.finish()
 }
@@ -172,8 +176,21 @@ impl<'a> Nodes<'a> {
 
     /// `command` for pod `name` on node `n`.
     fn call(&self, n: usize, command: &str, name: &str, uid: &str, netns: &str) -> Run {
+        self.call_with(&bin("plexus"), n, command, name, uid, netns)
+    }
+
+    /// [`Nodes::call`] through `binary` (a wrapper giving the node its own files).
+    fn call_with(
+        &self,
+        binary: &std::path::Path,
+        n: usize,
+        command: &str,
+        name: &str,
+        uid: &str,
+        netns: &str,
+    ) -> Run {
         run(
-            &bin("plexus"),
+            binary,
             &Call {
                 command,
                 container_id: &format!("cid-{name}"),
@@ -186,8 +203,13 @@ impl<'a> Nodes<'a> {
         )
     }
 
-    /// The claims of the bank namespace: `(address, holder pod name, holder UID, node)`.
+    /// The claims of the ledger network: `(address, holder pod name, holder UID, node)`.
     fn claims(&self) -> Result<Vec<(String, String, String, String)>> {
+        self.claims_of("ledger")
+    }
+
+    /// The claims of network `NS/network`.
+    fn claims_of(&self, network: &str) -> Result<Vec<(String, String, String, String)>> {
         let list = self.cp.get_json(&format!(
             "/apis/plexus.cni.io/v1alpha1/namespaces/{NS}/addressclaims"
         ))?;
@@ -195,7 +217,7 @@ impl<'a> Nodes<'a> {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|c| c["spec"]["network"] == format!("{NS}/ledger"))
+            .filter(|c| c["spec"]["network"] == format!("{NS}/{network}"))
             .map(|c| {
                 let f = |k: &str| {
                     c["spec"]
@@ -622,6 +644,107 @@ fn fixed_in_pool(nodes: &Nodes<'_>) -> Result<()> {
     );
     ensure!(nodes.call(0, "DEL", "vault-9", &uid, &ns.path()).code == 0);
     nodes.delete_pod("vault-9")?;
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    Ok(())
+}
+
+/// A macvlan NAD with host-local used from two nodes, each with its own host-local store (node
+/// 1's plexus runs in a mount namespace where another directory is bind-mounted over the
+/// store): both hand out the first address; the second pod starts but gets a Warning event
+/// naming the first pod and the fix; the claim is the first pod's and goes with its DEL.
+fn host_local_two_nodes(nodes: &Nodes<'_>) -> Result<()> {
+    let master = HostLink::veth_master();
+    let store = nodes.path("hl-store");
+    let other_store = nodes.path("hl-store-node1");
+    std::fs::create_dir_all(&store)?;
+    std::fs::create_dir_all(&other_store)?;
+    let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge",
+        "ipam":{"type":"host-local","dataDir":store,"ranges":[[{"subnet":"10.60.0.0/24"}]]}});
+    nodes.cp.apply(
+        &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+            "metadata":{"name":"spread","namespace":NS},"spec":{"config":cfg.to_string()}})
+        .to_string(),
+    )?;
+    let wrapper = nodes.path("plexus-node1");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec unshare -m --propagation private sh -c 'mount --bind \"$1\" \"$2\" && exec \"$3\"' node1 {} {} {}\n",
+            other_store.display(),
+            store.display(),
+            bin("plexus").display()
+        ),
+    )?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+    let (ua, ub) = (
+        nodes.pod_on("web-a", "spread")?,
+        nodes.pod_on("web-b", "spread")?,
+    );
+    let (na, nb) = (Netns::new(), Netns::new());
+    let a = nodes.call(0, "ADD", "web-a", &ua, &na.path());
+    ensure!(a.code == 0, "{}", a.out);
+    let b = nodes.call_with(&wrapper, 1, "ADD", "web-b", &ub, &nb.path());
+    ensure!(b.code == 0, "the second node's ADD: {} {}", b.out, b.stderr);
+    let (aa, ab) = (na.addrs("net1"), nb.addrs("net1"));
+    ensure!(
+        !aa.is_empty() && aa == ab,
+        "want one address handed out twice (two host-local stores): {aa:?} / {ab:?}"
+    );
+    let mut warned = None;
+    for _ in 0..50 {
+        warned = nodes
+            .events("web-b")?
+            .into_iter()
+            .find(|e| e["reason"] == "AddressDuplicated");
+        if warned.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let warned = warned.context("no AddressDuplicated event on web-b")?;
+    let msg = warned["message"].as_str().unwrap_or("");
+    ensure!(
+        warned["type"] == "Warning"
+            && msg.contains(&format!("{NS}/web-a"))
+            && msg.contains("whereabouts"),
+        "{warned}"
+    );
+    ensure!(
+        nodes
+            .events("web-a")?
+            .iter()
+            .all(|e| e["reason"] != "AddressDuplicated"),
+        "the first pod was warned"
+    );
+    let spread: Vec<_> = nodes
+        .claims_of("spread")?
+        .into_iter()
+        .map(|c| c.1)
+        .collect();
+    ensure!(spread == ["web-a"], "claims: {spread:?}");
+    ensure!(
+        nodes
+            .call_with(&wrapper, 1, "DEL", "web-b", &ub, &nb.path())
+            .code
+            == 0
+    );
+    ensure!(nodes.call(0, "DEL", "web-a", &ua, &na.path()).code == 0);
+    ensure!(
+        nodes.claims_of("spread")?.is_empty(),
+        "{:?}",
+        nodes.claims_of("spread")?
+    );
+    for p in ["web-a", "web-b"] {
+        nodes.delete_pod(p)?;
+    }
+    ensure!(
+        files_under(&store)
+            .iter()
+            .chain(files_under(&other_store).iter())
+            .all(|f| !f.starts_with("10.")),
+        "leases left"
+    );
     ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
     Ok(())
 }

@@ -41,7 +41,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(30);
 pub type Wanted = (String, IpAddr);
 
 /// Who holds an address: `(network, address, holder description)`.
-type Held = (String, IpAddr, String);
+pub(crate) type Held = (String, IpAddr, String);
 
 fn parse_ip(s: &str) -> Option<IpAddr> {
     parse_cidr(s).map(|(ip, _)| ip).or_else(|| s.parse().ok())
@@ -320,7 +320,7 @@ fn release_one(ctx: &mut Ctx, r: &PendingRelease) -> bool {
 
 /// How the claims of an ADD's addresses went.
 #[derive(Debug)]
-enum Claims {
+pub(crate) enum Claims {
     /// Every address is this pod's now (created, already its own, or taken over from a pod
     /// that is gone).
     Taken,
@@ -352,7 +352,7 @@ fn holder_alive(ctx: &mut Ctx, client: &KubeClient, ns: &str, holder: &ClaimHold
 }
 
 /// Claim every wanted address for `me` (see [`Claims`]).
-fn claim_all(
+pub(crate) fn claim_all(
     ctx: &mut Ctx,
     client: &KubeClient,
     me: &PodIdentity,

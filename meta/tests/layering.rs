@@ -36,6 +36,7 @@ const ORDER: &[&str] = &[
     "report",
     "address_guard",
     "pool_guard",
+    "host_local_guard",
     "verbs",
     // front ends
     "daemon",

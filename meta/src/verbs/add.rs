@@ -127,10 +127,7 @@ fn prepare(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Result<Pre
         })
         .and_then(|plan| {
             let _phase = timing::phase("address_guard");
-            let node = pod
-                .as_ref()
-                .and_then(|p| p.claims.as_ref())
-                .map_or("", |c| c.node_name.as_str());
+            let node = node_of(pod.as_ref());
             crate::address_guard::check(ctx, client.as_ref(), id.as_ref(), node, &plan)
                 .map(|lock| (plan, lock))
         });
@@ -190,6 +187,12 @@ fn tell_networks_not_attached(ctx: &mut Ctx, client: Option<&KubeClient>, pod: O
 }
 
 /// Run `f` as the phase `name` (the call's closing log line, [`timing`]).
+/// The pod's node when the pod object was read (`spec.nodeName`), else empty.
+fn node_of(pod: Option<&crate::pod::PodInfo>) -> &str {
+    pod.and_then(|p| p.claims.as_ref())
+        .map_or("", |c| c.node_name.as_str())
+}
+
 fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
     let _phase = timing::phase(name);
     f()
@@ -225,7 +228,7 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
     } = p;
     let crate::address_guard::Guarded {
         lock: address_lock,
-        claimed,
+        mut claimed,
     } = guarded;
     // From here on state is written, under the container lock.
     let lock = ctx.store.lock(&args.container_id)?;
@@ -292,6 +295,34 @@ fn attach_planned(ctx: &mut Ctx, args: &CmdArgs, p: Prepared) -> Result<AddOutpu
             return Err(e);
         }
     };
+    // host-local on a network spanning nodes: its addresses claimed, a duplicate warned of.
+    let (pooled, duplicates) = timed("host_local_guard", || {
+        crate::host_local_guard::check(
+            ctx,
+            client.as_ref(),
+            id.as_ref(),
+            node_of(pod.as_ref()),
+            &plan,
+            &done,
+        )
+    });
+    for msg in &duplicates {
+        report::event(
+            ctx,
+            client.as_ref(),
+            pod.as_ref(),
+            EventType::Warning,
+            "AddressDuplicated",
+            msg,
+        );
+    }
+    if !pooled.is_empty() {
+        saved.claims.extend(pooled.iter().cloned());
+        claimed.extend(pooled);
+        if let Err(e) = ctx.store.save(&saved) {
+            tracing::warn!(error = %e, "host-local address claims not recorded in the plan: the next pod that wants them takes them over once this one is gone");
+        }
+    }
     let reported = timed("report", || {
         report::added(ctx, client.as_ref(), pod.as_ref(), &plan, &done)
     });
