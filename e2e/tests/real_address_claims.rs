@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::sync::Barrier;
 
 use anyhow::{ensure, Context, Result};
-use common::{bin, files_under, flannel_like, run, Call, HostLink, Netns, Run, CNI_BIN};
+use common::{bin, files_under, flannel_like, run, Call, HostLink, Netns, Run};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 use plexus_e2e::realk8s::{
@@ -89,6 +89,10 @@ fn main() -> ExitCode {
         "host_local_on_a_macvlan_nad_used_from_two_nodes_is_warned_of",
         || host_local_two_nodes(&nodes),
     );
+    suite.case(
+        "real_whereabouts_clients_on_two_nodes_and_a_fixed_replica_never_collide_and_talk",
+        || whereabouts(&nodes),
+    );
     drop(nodes);
     suite.finish()
 }
@@ -110,6 +114,8 @@ impl<'a> Nodes<'a> {
             .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-fixed-ips.yaml"])
             .plexus_token(PlexusToken::Unbound)
             .build(cp)?;
+        // Plugins beyond Debian's (CNI_PATH): real whereabouts, when PLEXUS_IPAM_BIN is given.
+        std::fs::create_dir_all(rig.path("bin"))?;
         let nodes = Nodes {
             cp,
             rig,
@@ -131,7 +137,7 @@ impl<'a> Nodes<'a> {
     /// Node `n`'s plexus config.
     fn config(&self, n: usize) -> Value {
         json!({"cniVersion":"1.0.0","name":"plexus-net","type":"plexus",
-            "kubeconfig": self.rig.kubeconfig(), "cniDir": self.path(&format!("state-{n}")), "binDir": CNI_BIN,
+            "kubeconfig": self.rig.kubeconfig(), "cniDir": self.path(&format!("state-{n}")), "binDir": self.path("bin"),
             "confDir": self.path("confdir"), "logLevel":"debug", "logFile": self.path(&format!("plexus-{n}.log")), "logToStderr": false,
             "nadPolicy": nad_policy_allowing(&[self.rig.dir()]),
             "delegates":[flannel_like(&self.bridges[n].0, 61 + n as u8, &self.path(&format!("ipam-{n}")))]})
@@ -745,6 +751,146 @@ fn host_local_two_nodes(nodes: &Nodes<'_>) -> Result<()> {
             .all(|f| !f.starts_with("10.")),
         "leases left"
     );
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    Ok(())
+}
+
+/// Real whereabouts v0.8.0 (`PLEXUS_IPAM_BIN`, its CRDs from `../shared/ipam`) beside a fixed
+/// address on one macvlan segment: the replica's NAD fixes 10.62.0.10, the clients' NAD pools
+/// 10.62.0.8–14 through whereabouts and excludes it. Six clients on two nodes get the six other
+/// addresses (one pool for the cluster), never the replica's; each reaches the replica on net1
+/// by ping; after DEL whereabouts' pool is empty and no claim is left.
+fn whereabouts(nodes: &Nodes<'_>) -> Result<()> {
+    let Some(ipam_bin) = std::env::var_os("PLEXUS_IPAM_BIN").map(PathBuf::from) else {
+        ensure!(
+            std::env::var("PLEXUS_K8S_REQUIRE").as_deref() != Ok("1"),
+            "PLEXUS_IPAM_BIN is not set (../shared/ipam/bin)"
+        );
+        println!("    skipped: PLEXUS_IPAM_BIN not set");
+        return Ok(());
+    };
+    let crds = ipam_bin.join("../whereabouts");
+    for crd in [
+        "whereabouts.cni.cncf.io_ippools.yaml",
+        "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+    ] {
+        nodes.cp.apply_file(&crds.join(crd))?;
+    }
+    nodes.cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/ippools.whereabouts.cni.cncf.io",
+        "crd/overlappingrangeipreservations.whereabouts.cni.cncf.io",
+    ])?;
+    let plugin = nodes.path("bin/whereabouts");
+    let unpacked = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "xz -dc '{}' > '{}' && chmod 0755 '{}'",
+            ipam_bin.join("whereabouts.xz").display(),
+            plugin.display(),
+            plugin.display()
+        ))
+        .status()?;
+    ensure!(unpacked.success(), "cannot unpack whereabouts");
+    // whereabouts' own flat config: the API server (admin here; its DaemonSet has its own RBAC).
+    let flat = nodes.path("whereabouts.conf");
+    std::fs::write(
+        &flat,
+        json!({"datastore":"kubernetes","kubernetes":{"kubeconfig":nodes.cp.admin_kubeconfig()},
+            "log_file":nodes.path("whereabouts.log"),"log_level":"debug"})
+        .to_string(),
+    )?;
+    let master = HostLink::veth_master();
+    let nad = |name: &str, ipam: Value| -> Result<()> {
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge","ipam":ipam});
+        nodes.cp.apply(
+            &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}})
+            .to_string(),
+        )?;
+        Ok(())
+    };
+    nad(
+        "teller-db",
+        json!({"type":"static","addresses":[{"address":"10.62.0.10/24"}]}),
+    )?;
+    nad(
+        "teller-clients",
+        json!({"type":"whereabouts","range":"10.62.0.0/24","range_start":"10.62.0.8",
+            "range_end":"10.62.0.14","exclude":["10.62.0.10/32"],"configuration_path":flat}),
+    )?;
+    let db_uid = nodes.pod_on("teller-0", "teller-db")?;
+    let db_ns = Netns::new();
+    let db = nodes.call(0, "ADD", "teller-0", &db_uid, &db_ns.path());
+    ensure!(db.code == 0, "the replica: {}", db.out);
+    let mut clients = Vec::new();
+    for i in 0..6 {
+        let name = format!("teller-client-{i}");
+        let uid = nodes.pod_on(&name, "teller-clients")?;
+        let ns = Netns::new();
+        let r = nodes.call(i % 2, "ADD", &name, &uid, &ns.path());
+        ensure!(r.code == 0, "{name}: {} {}", r.out, r.stderr);
+        clients.push((name, uid, ns, i % 2));
+    }
+    let addrs: Vec<String> = clients
+        .iter()
+        .map(|c| c.2.addrs("net1").first().cloned().unwrap_or_default())
+        .collect();
+    println!("    whereabouts gave the clients {addrs:?}");
+    let distinct: std::collections::BTreeSet<&String> = addrs.iter().collect();
+    ensure!(
+        distinct.len() == addrs.len(),
+        "an address given twice: {addrs:?}"
+    );
+    ensure!(
+        addrs
+            .iter()
+            .all(|a| a.starts_with("10.62.0.") && !a.starts_with("10.62.0.10/")),
+        "{addrs:?}"
+    );
+    for (name, _, ns, _) in &clients {
+        let ping = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                "ping",
+                "-c",
+                "1",
+                "-W",
+                "2",
+                "10.62.0.10",
+            ])
+            .output()?;
+        ensure!(
+            ping.status.success(),
+            "{name} -> the replica 10.62.0.10 on net1: no answer"
+        );
+    }
+    for (name, uid, ns, n) in &clients {
+        ensure!(nodes.call(*n, "DEL", name, uid, &ns.path()).code == 0);
+        nodes.delete_pod(name)?;
+    }
+    ensure!(
+        nodes
+            .call(0, "DEL", "teller-0", &db_uid, &db_ns.path())
+            .code
+            == 0
+    );
+    nodes.delete_pod("teller-0")?;
+    let pools = nodes.cp.get_json(&format!(
+        "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/{NS}/ippools"
+    ))?;
+    let left: usize = pools["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| p["spec"]["allocations"].as_object().map_or(0, |a| a.len()))
+        .sum();
+    ensure!(left == 0, "whereabouts allocations left: {pools}");
+    ensure!(nodes.claims_of("teller-db")?.is_empty());
     ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
     Ok(())
 }
