@@ -29,10 +29,25 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-/// How long a client that found no `AddressClaim` CRD (or no right to it) uses the namespace
-/// LIST without asking again: a daemon does not pay a failed create per ADD; a CRD installed
-/// later is used within this time.
+/// How long a node that found no `AddressClaim` CRD (or no right to it) uses the namespace
+/// LIST without asking again: no failed create per ADD; a CRD installed later is used within
+/// this time.
 const CLAIMS_OFF_FOR: Duration = Duration::from_secs(60);
+
+/// The file whose modification time says when this node last found claims unusable (thin
+/// calls are separate processes; the daemon's client also remembers).
+fn claims_off_marker(ctx: &Ctx) -> std::path::PathBuf {
+    Path::new(&ctx.config.cni_dir).join("claims-off")
+}
+
+/// Whether `marker` was written less than [`CLAIMS_OFF_FOR`] ago.
+fn claims_off_recently(marker: &Path) -> bool {
+    std::fs::metadata(marker)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < CLAIMS_OFF_FOR)
+}
 
 /// How long an ADD waits for another ADD of the node to finish its address check.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -364,7 +379,8 @@ pub(crate) fn claim_all(
             "no K8S_POD_UID from the runtime".into(),
         ));
     }
-    if client.claims_off() {
+    let marker = claims_off_marker(ctx);
+    if client.claims_off() || claims_off_recently(&marker) {
         return Ok(Claims::Unavailable(
             "the AddressClaim CRD or the right to it was missing a moment ago".into(),
         ));
@@ -439,8 +455,14 @@ pub(crate) fn claim_all(
                         ..
                     } | K8sError::NoSuchPath { .. }
                 ) {
-                    // No CRD, or no right to it: a daemon stops asking for a while.
+                    // No CRD, or no right to it: this node stops asking for a while (the
+                    // daemon's client remembers; thin calls read the marker file).
                     client.turn_claims_off(CLAIMS_OFF_FOR);
+                    if let Err(e) =
+                        plexus_delegates::fsutil::write_atomic_nosync(&marker, b"", 0o600)
+                    {
+                        tracing::debug!(file = %marker.display(), error = %e, "claims-off marker not written");
+                    }
                 }
                 outcome = Claims::Unavailable(e.to_string());
                 break;
@@ -622,8 +644,12 @@ mod tests {
             let _in_rt = rt.enter();
             mock.client()
         };
+        let state = tempfile::tempdir().unwrap();
         let cfg = plexus_conf::plexus_config::PlexusConfig::parse(
-            br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]}"#,
+            serde_json::json!({"cniVersion":"1.0.0","name":"p","type":"plexus","cniDir":state.path(),
+                "delegates":[{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}]})
+            .to_string()
+            .as_bytes(),
         )
         .unwrap();
         let mut ctx =
@@ -638,6 +664,25 @@ mod tests {
             .map(|r| format!("{} {}", r.method, r.path_and_query))
             .collect();
         (got, seen)
+    }
+
+    /// Thin calls are separate processes: the marker a call wrote when the CRD was missing
+    /// keeps the node's next calls from asking for a minute, then they ask again.
+    #[test]
+    fn the_nodes_claims_off_marker_spares_later_calls_for_a_minute() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("claims-off");
+        assert!(!claims_off_recently(&marker));
+        std::fs::write(&marker, b"").unwrap();
+        assert!(claims_off_recently(&marker));
+        let old = std::time::SystemTime::now() - CLAIMS_OFF_FOR - Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&marker)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert!(!claims_off_recently(&marker));
     }
 
     fn answer(status: u16, body: &str) -> Option<crate::k8s::testutil::Canned> {
