@@ -35,9 +35,12 @@ use std::time::Duration;
 const CLAIMS_OFF_FOR: Duration = Duration::from_secs(60);
 
 /// The file whose modification time says when this node last found claims unusable (thin
-/// calls are separate processes; the daemon's client also remembers).
+/// calls are separate processes; the daemon's client also remembers). It sits with the node's
+/// lock files: node-wide coordination, no pod's state.
 fn claims_off_marker(ctx: &Ctx) -> std::path::PathBuf {
-    Path::new(&ctx.config.cni_dir).join("claims-off")
+    Path::new(&ctx.config.cni_dir)
+        .join("locks")
+        .join("claims-off")
 }
 
 /// Whether `marker` was written less than [`CLAIMS_OFF_FOR`] ago.

@@ -327,7 +327,9 @@ pub fn run(binary: &Path, call: &Call<'_>, stdin: &Value, extra_env: &[(&str, &s
     }
 }
 
-/// Files under a directory, recursively (relative paths), excluding lock files.
+/// Files under a directory, recursively (relative paths), excluding lock files and the
+/// node-wide markers that are no pod's state: host-local's `last_reserved_ip*`, plexus'
+/// tombstones and `locks/claims-off` (the node found no AddressClaim CRD a moment ago).
 pub fn files_under(dir: &Path) -> Vec<String> {
     fn walk(base: &Path, d: &Path, out: &mut Vec<String>) {
         let Ok(rd) = std::fs::read_dir(d) else { return };
@@ -339,6 +341,7 @@ pub fn files_under(dir: &Path) -> Vec<String> {
                 let rel = p.strip_prefix(base).unwrap().display().to_string();
                 let name = p.file_name().unwrap().to_string_lossy().into_owned();
                 if name != "lock"
+                    && name != "claims-off"
                     && !name.starts_with("last_reserved_ip")
                     && !rel.starts_with("tombstones")
                 {
