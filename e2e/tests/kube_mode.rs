@@ -933,15 +933,16 @@ fn sigkill_mid_add_then_del_leaves_nothing() {
 }
 
 /// The requests without the node's one AddressClaim probe: a macvlan NAD with host-local spans
-/// nodes, so plexus claims the address host-local gave (a duplicate on another node is warned
-/// of); this API has no AddressClaim CRD, so the node's first such ADD gets a 404 and its calls
-/// do not ask again for a minute (`<cniDir>/locks/claims-off`). At most one probe, answered 404.
+/// nodes, so plexus would claim the address host-local gave (a duplicate on another node is
+/// warned of) and first asks whether it may (a SelfSubjectAccessReview); this stand-in does not
+/// serve that, so the node's first such ADD gets a 404 and its calls do not ask again for a
+/// minute (`<cniDir>/locks/claims-off`). At most one probe, answered 404.
 fn without_claims_probe(
     reqs: Vec<plexus_e2e::apiserver::RequestRecord>,
 ) -> Vec<plexus_e2e::apiserver::RequestRecord> {
-    let (probes, rest): (Vec<_>, Vec<_>) = reqs
-        .into_iter()
-        .partition(|r| r.path.contains("/addressclaims"));
+    let (probes, rest): (Vec<_>, Vec<_>) = reqs.into_iter().partition(|r| {
+        r.path.contains("/addressclaims") || r.path.contains("/selfsubjectaccessreviews")
+    });
     assert!(
         probes.len() <= 1 && probes.iter().all(|p| p.method == "POST" && p.status == 404),
         "{probes:#?}"

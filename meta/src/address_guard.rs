@@ -37,19 +37,31 @@ const CLAIMS_OFF_FOR: Duration = Duration::from_secs(60);
 /// The file whose modification time says when this node last found claims unusable (thin
 /// calls are separate processes; the daemon's client also remembers). It sits with the node's
 /// lock files: node-wide coordination, no pod's state.
-fn claims_off_marker(ctx: &Ctx) -> std::path::PathBuf {
+pub(crate) fn claims_off_marker(ctx: &Ctx) -> std::path::PathBuf {
     Path::new(&ctx.config.cni_dir)
         .join("locks")
         .join("claims-off")
 }
 
 /// Whether `marker` was written less than [`CLAIMS_OFF_FOR`] ago.
-fn claims_off_recently(marker: &Path) -> bool {
+pub(crate) fn claims_off_recently(marker: &Path) -> bool {
+    written_within(marker, CLAIMS_OFF_FOR)
+}
+
+/// Whether `marker` was written less than `span` ago.
+pub(crate) fn written_within(marker: &Path, span: Duration) -> bool {
     std::fs::metadata(marker)
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age < CLAIMS_OFF_FOR)
+        .is_some_and(|age| age < span)
+}
+
+/// (Re)write the marker file `marker` (owner-only, empty): its time is what counts.
+pub(crate) fn touch(marker: &Path) {
+    if let Err(e) = plexus_delegates::fsutil::write_atomic_nosync(marker, b"", 0o600) {
+        tracing::debug!(file = %marker.display(), error = %e, "marker not written");
+    }
 }
 
 /// How long an ADD waits for another ADD of the node to finish its address check.
@@ -461,11 +473,7 @@ pub(crate) fn claim_all(
                     // No CRD, or no right to it: this node stops asking for a while (the
                     // daemon's client remembers; thin calls read the marker file).
                     client.turn_claims_off(CLAIMS_OFF_FOR);
-                    if let Err(e) =
-                        plexus_delegates::fsutil::write_atomic_nosync(&marker, b"", 0o600)
-                    {
-                        tracing::debug!(file = %marker.display(), error = %e, "claims-off marker not written");
-                    }
+                    touch(&marker);
                 }
                 outcome = Claims::Unavailable(e.to_string());
                 break;

@@ -6,9 +6,14 @@
 //! two nodes handed out one address, and the pod gets a Warning event naming the other pod, its
 //! node and the fix (whereabouts, or per-node ranges). The claims are released at DEL.
 //! NADs without a config of their own (per-node files in `confDir`) may have per-node ranges
-//! and are not checked.
+//! and are not checked. A node that may not create claims (no `rbac-fixed-ips.yaml` /
+//! `rbac-daemon.yaml` rights) never tries: it asks the API server first (a
+//! SelfSubjectAccessReview, every [`ALLOWED_FOR`] at most; a refusal or an answer missing is
+//! remembered for a minute), so no request of it is ever refused.
 
-use crate::address_guard::{claim_all, Claims, Wanted};
+use crate::address_guard::{
+    claim_all, claims_off_marker, claims_off_recently, touch, written_within, Claims, Wanted,
+};
 use crate::attach::Attached;
 use crate::context::Ctx;
 use crate::k8s::KubeClient;
@@ -17,6 +22,8 @@ use crate::pod::PodIdentity;
 use crate::state::ClaimedAddress;
 use plexus_conf::k8s::fixed_ips::parse_cidr;
 use plexus_conf::k8s::pools::spans_nodes;
+use std::path::Path;
+use std::time::Duration;
 
 /// The addresses host-local gave on networks that span nodes (see the module docs).
 fn pooled_on_spanning_networks(plan: &[PlannedAttachment], done: &[Attached]) -> Vec<Wanted> {
@@ -45,6 +52,34 @@ fn pooled_on_spanning_networks(plan: &[PlannedAttachment], done: &[Attached]) ->
     out
 }
 
+/// How long a node that was allowed to create claims goes on without asking again.
+const ALLOWED_FOR: Duration = Duration::from_secs(600);
+
+/// Whether this node may create claims in `ns` (see the module docs).
+fn claims_usable(ctx: &mut Ctx, client: &KubeClient, ns: &str) -> bool {
+    let off = claims_off_marker(ctx);
+    if client.claims_off() || claims_off_recently(&off) {
+        return false;
+    }
+    let allowed = Path::new(&ctx.config.cni_dir)
+        .join("locks")
+        .join("claims-allowed");
+    if written_within(&allowed, ALLOWED_FOR) {
+        return true;
+    }
+    match ctx.block_on(client.may_create_claims(ns)) {
+        Ok(Ok(true)) => {
+            touch(&allowed);
+            true
+        }
+        other => {
+            tracing::debug!(answer = ?other.map(|r| r.map_err(|e| e.to_string())), "no address claims for host-local addresses");
+            touch(&off);
+            false
+        }
+    }
+}
+
 /// Claim the addresses (see the module docs): what is now claimed (for the plan), and the
 /// warnings for addresses another node's pod holds.
 pub fn check(
@@ -60,6 +95,15 @@ pub fn check(
     };
     let wanted = pooled_on_spanning_networks(plan, done);
     let (mut claimed, mut warnings) = (Vec::new(), Vec::new());
+    let Some(ns) = wanted
+        .first()
+        .map(|(net, _)| crate::k8s::claim_namespace(net, &me.namespace).to_string())
+    else {
+        return (claimed, warnings);
+    };
+    if !claims_usable(ctx, client, &ns) {
+        return (claimed, warnings);
+    }
     for w in wanted {
         match claim_all(ctx, client, me, node, std::slice::from_ref(&w)) {
             Ok(Claims::Taken) => claimed.push(ClaimedAddress {

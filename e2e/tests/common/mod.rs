@@ -329,7 +329,8 @@ pub fn run(binary: &Path, call: &Call<'_>, stdin: &Value, extra_env: &[(&str, &s
 
 /// Files under a directory, recursively (relative paths), excluding lock files and the
 /// node-wide markers that are no pod's state: host-local's `last_reserved_ip*`, plexus'
-/// tombstones and `locks/claims-off` (the node found no AddressClaim CRD a moment ago).
+/// tombstones, `locks/claims-off` and `locks/claims-allowed` (what the node last learnt of
+/// AddressClaims: no CRD or no right a moment ago, or allowed).
 pub fn files_under(dir: &Path) -> Vec<String> {
     fn walk(base: &Path, d: &Path, out: &mut Vec<String>) {
         let Ok(rd) = std::fs::read_dir(d) else { return };
@@ -342,6 +343,7 @@ pub fn files_under(dir: &Path) -> Vec<String> {
                 let name = p.file_name().unwrap().to_string_lossy().into_owned();
                 if name != "lock"
                     && name != "claims-off"
+                    && name != "claims-allowed"
                     && !name.starts_with("last_reserved_ip")
                     && !rel.starts_with("tombstones")
                 {

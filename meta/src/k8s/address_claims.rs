@@ -142,6 +142,39 @@ impl KubeClient {
             .unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now() + span);
     }
 
+    /// Whether this client may create address claims in `ns`: a SelfSubjectAccessReview, which
+    /// every authenticated user may make, so that a node without the claim rights is never
+    /// refused (and audited as refused) for trying.
+    pub async fn may_create_claims(&self, ns: &str) -> Result<bool, K8sError> {
+        let ctx = Ctx {
+            what: "review access to address claims",
+            ns,
+            name: "",
+        };
+        #[derive(Deserialize)]
+        struct Review {
+            #[serde(default)]
+            status: ReviewStatus,
+        }
+        #[derive(Deserialize, Default)]
+        struct ReviewStatus {
+            #[serde(default)]
+            allowed: bool,
+        }
+        let body = serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"group": "plexus.cni.io", "resource": "addressclaims",
+                "verb": "create", "namespace": ns}},
+        }))
+        .map_err(|e| K8sError::Client(e.to_string()))?;
+        let req = http::Request::post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        let req = built(ctx, req.map_err(kube::core::request::Error::BuildRequest))?;
+        Ok(self.fetch::<Review>(ctx, req).await?.status.allowed)
+    }
+
     /// Create the claim `spec` in `ns` (one request; two when it exists: the GET of who holds it).
     pub async fn claim_address(
         &self,
