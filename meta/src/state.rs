@@ -218,6 +218,15 @@ impl PlanStore {
             .join(format!("{container_id}-{ifname}"))
     }
 
+    /// Remove `container_id`'s lock file, by the holder of its lock that finds the container
+    /// deleted already: a call that waited for the lock while a DEL removed the file re-creates
+    /// it ([`FileLock::acquire`] locks only the file the path names), and nobody else would
+    /// remove that one.
+    pub fn drop_lock_file(&self, container_id: &str) {
+        let _ =
+            fsutil::remove_if_exists(&self.dir.join("locks").join(format!("{container_id}.lock")));
+    }
+
     /// After a complete DEL, called while still holding the container lock: leave a tombstone,
     /// so that the runtime's repeated DELs (typically two more, with an empty netns) return at
     /// once, then unlink the lock file (lockers verify the path still names the file they
@@ -298,6 +307,38 @@ impl PlanStore {
 
 #[cfg(test)]
 mod tests {
+    /// Two DELs of one container: the second waits for the lock while the first finishes and
+    /// removes the lock file; its wait re-creates the file, and seeing the container deleted it
+    /// removes that file again: no lock file is left for a container that is gone.
+    #[test]
+    fn a_del_that_waited_for_a_finished_del_leaves_no_lock_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::PlanStore::new(dir.path());
+        let lock_file = dir.path().join("locks").join("c1.lock");
+        let first = store.lock("c1").unwrap();
+        let second = std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let l = store.lock("c1").unwrap();
+                assert!(
+                    store.deleted("c1", "eth0", true),
+                    "the first DEL's tombstone"
+                );
+                assert!(lock_file.exists(), "the wait re-created the lock file");
+                store.drop_lock_file("c1");
+                drop(l);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            store.finish_delete("c1", "eth0");
+            drop(first);
+            waiter.join()
+        });
+        assert!(second.is_ok());
+        assert!(
+            !lock_file.exists(),
+            "a lock file left for a deleted container"
+        );
+    }
+
     /// A plan's address claims are kept across a save; a plan without any writes no `claims`
     /// key (what an earlier plexus reads is unchanged).
     #[test]

@@ -101,11 +101,13 @@ fn del_container(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Resu
         }
         Err(e) => return Err(e),
     };
-    // Another DEL may have finished while this one waited for the lock.
+    // Another DEL may have finished while this one waited for the lock (and removed the lock
+    // file, which this one's wait re-created).
     if ctx
         .store
         .deleted(&args.container_id, &args.ifname, has_netns)
     {
+        ctx.store.drop_lock_file(&args.container_id);
         return Ok(());
     }
     let saved = match ctx.store.load(&args.container_id, &args.ifname) {
