@@ -122,12 +122,23 @@ impl<'a> Nodes<'a> {
             bridges: [HostLink::bridge_name(), HostLink::bridge_name()],
             master: HostLink::veth_master(),
         };
-        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":nodes.master.0,"mode":"bridge",
-            "ipam":{"type":"static","addresses":[{"address":format!("{FIXED}/24")}]}});
-        let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
-            "metadata":{"name":"ledger","namespace":NS},"spec":{"config":cfg.to_string()}});
-        cp.apply(&nad.to_string())?;
+        nodes.macvlan_nad(
+            "ledger",
+            &nodes.master,
+            json!({"type":"static","addresses":[{"address":format!("{FIXED}/24")}]}),
+        )?;
         Ok(nodes)
+    }
+
+    /// A macvlan NAD `NS/name` on `master` with `ipam` (admin, `kubectl apply`).
+    fn macvlan_nad(&self, name: &str, master: &HostLink, ipam: Value) -> Result<()> {
+        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge","ipam":ipam});
+        self.cp.apply(
+            &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}})
+            .to_string(),
+        )?;
+        Ok(())
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -216,25 +227,7 @@ impl<'a> Nodes<'a> {
 
     /// The claims of network `NS/network`.
     fn claims_of(&self, network: &str) -> Result<Vec<(String, String, String, String)>> {
-        let list = self.cp.get_json(&format!(
-            "/apis/plexus.cni.io/v1alpha1/namespaces/{NS}/addressclaims"
-        ))?;
-        Ok(list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["spec"]["network"] == format!("{NS}/{network}"))
-            .map(|c| {
-                let f = |k: &str| {
-                    c["spec"]
-                        .pointer(k)
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string()
-                };
-                (f("/address"), f("/pod/name"), f("/pod/uid"), f("/node"))
-            })
-            .collect())
+        self.cp.address_claims(NS, network)
     }
 
     /// Plans, leases and pending releases left on both nodes.
@@ -582,15 +575,7 @@ fn take_over(cp: &ControlPlane) -> Result<()> {
 /// excludes the address; a NAD on another master is no concern.
 fn fixed_in_pool(nodes: &Nodes<'_>) -> Result<()> {
     let master = HostLink::veth_master();
-    let nad = |name: &str, ipam: Value| -> Result<()> {
-        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge","ipam":ipam});
-        nodes.cp.apply(
-            &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
-                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}})
-            .to_string(),
-        )?;
-        Ok(())
-    };
+    let nad = |name: &str, ipam: Value| nodes.macvlan_nad(name, &master, ipam);
     nad(
         "vault-fixed",
         json!({"type":"static","addresses":[{"address":"10.58.0.10/24"}]}),
@@ -664,12 +649,10 @@ fn host_local_two_nodes(nodes: &Nodes<'_>) -> Result<()> {
     let other_store = nodes.path("hl-store-node1");
     std::fs::create_dir_all(&store)?;
     std::fs::create_dir_all(&other_store)?;
-    let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge",
-        "ipam":{"type":"host-local","dataDir":store,"ranges":[[{"subnet":"10.60.0.0/24"}]]}});
-    nodes.cp.apply(
-        &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
-            "metadata":{"name":"spread","namespace":NS},"spec":{"config":cfg.to_string()}})
-        .to_string(),
+    nodes.macvlan_nad(
+        "spread",
+        &master,
+        json!({"type":"host-local","dataDir":store,"ranges":[[{"subnet":"10.60.0.0/24"}]]}),
     )?;
     let wrapper = nodes.path("plexus-node1");
     std::fs::write(
@@ -803,15 +786,7 @@ fn whereabouts(nodes: &Nodes<'_>) -> Result<()> {
         .to_string(),
     )?;
     let master = HostLink::veth_master();
-    let nad = |name: &str, ipam: Value| -> Result<()> {
-        let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":master.0,"mode":"bridge","ipam":ipam});
-        nodes.cp.apply(
-            &json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
-                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}})
-            .to_string(),
-        )?;
-        Ok(())
-    };
+    let nad = |name: &str, ipam: Value| nodes.macvlan_nad(name, &master, ipam);
     nad(
         "teller-db",
         json!({"type":"static","addresses":[{"address":"10.62.0.10/24"}]}),

@@ -310,24 +310,11 @@ impl<'a> Tier<'a> {
     /// Delete a replica and wait for its successor (a new UID) to run.
     /// The address claims of the `data` network: `(address, pod name, pod UID)`.
     fn claims(&self) -> Result<Vec<(String, String, String)>> {
-        let list = self.cp.get_json(&format!(
-            "/apis/plexus.cni.io/v1alpha1/namespaces/{NS}/addressclaims"
-        ))?;
-        Ok(list["items"]
-            .as_array()
+        Ok(self
+            .cp
+            .address_claims(NS, "data")?
             .into_iter()
-            .flatten()
-            .filter(|c| c["spec"]["network"] == format!("{NS}/data"))
-            .map(|c| {
-                let f = |k: &str| {
-                    c["spec"]
-                        .pointer(k)
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string()
-                };
-                (f("/address"), f("/pod/name"), f("/pod/uid"))
-            })
+            .map(|(address, pod, uid, _)| (address, pod, uid))
             .collect())
     }
 

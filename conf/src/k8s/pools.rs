@@ -61,6 +61,15 @@ impl Pool {
     }
 }
 
+/// The CIDRs of a list of strings (an `exclude`); others are skipped.
+fn cidrs(v: Option<&Value>) -> Vec<(IpAddr, u8)> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str().and_then(parse_cidr))
+        .collect()
+}
+
 fn ip_of(v: Option<&Value>) -> Option<IpAddr> {
     v.and_then(Value::as_str).and_then(|s| s.parse().ok())
 }
@@ -79,13 +88,7 @@ fn whereabouts_range(r: &Value, exclude_outer: &[(IpAddr, u8)]) -> Option<PoolRa
         }
         None => parse_cidr(text)?,
     };
-    let mut exclude: Vec<(IpAddr, u8)> = r
-        .get("exclude")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.as_str().and_then(parse_cidr))
-        .collect();
+    let mut exclude = cidrs(r.get("exclude"));
     exclude.extend_from_slice(exclude_outer);
     Some(PoolRange {
         subnet,
@@ -105,13 +108,7 @@ pub fn pool_of(list: &NetConfList) -> Option<Pool> {
         let mut ranges = Vec::new();
         match p.ipam_type() {
             Some("whereabouts") => {
-                let outer: Vec<(IpAddr, u8)> = ipam
-                    .get("exclude")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|e| e.as_str().and_then(parse_cidr))
-                    .collect();
+                let outer = cidrs(ipam.get("exclude"));
                 ranges.extend(whereabouts_range(ipam, &[]));
                 for r in ipam
                     .get("ipRanges")

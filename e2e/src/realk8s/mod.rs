@@ -370,6 +370,34 @@ impl ControlPlane {
         self.kubectl(&["apply", "-f", &p])
     }
 
+    /// The AddressClaims of network `ns/network` (the CRD of `deploy/address-claim-crd.yaml`,
+    /// in the NAD's namespace `ns`), read as the admin: `(address, pod name, pod UID, node)`.
+    pub fn address_claims(
+        &self,
+        ns: &str,
+        network: &str,
+    ) -> Result<Vec<(String, String, String, String)>> {
+        let list = self.get_json(&format!(
+            "/apis/plexus.cni.io/v1alpha1/namespaces/{ns}/addressclaims"
+        ))?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["spec"]["network"] == format!("{ns}/{network}"))
+            .map(|c| {
+                let f = |k: &str| {
+                    c["spec"]
+                        .pointer(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                (f("/address"), f("/pod/name"), f("/pod/uid"), f("/node"))
+            })
+            .collect())
+    }
+
     /// `kubectl apply` the repository's `deploy/<file>` manifests in order (e.g. `nad-crd.yaml`,
     /// `rbac.yaml`), then wait until the NetworkAttachmentDefinition CRD is established.
     pub fn apply_deploy(&self, files: &[&str]) -> Result<()> {

@@ -61,6 +61,34 @@ pub fn claim_namespace<'a>(network: &'a str, pod_namespace: &'a str) -> &'a str 
     }
 }
 
+/// The claim object of `spec` in `ns` (at `resource_version`, for a replace): its name and
+/// JSON body.
+fn claim_object(
+    ns: &str,
+    spec: &ClaimSpec,
+    resource_version: Option<&str>,
+) -> Result<(String, Vec<u8>), K8sError> {
+    let ip: IpAddr = spec.address.parse().map_err(|_| {
+        K8sError::Client(format!(
+            "address claim: not an IP address: {:?}",
+            spec.address
+        ))
+    })?;
+    let name = claim_name(&spec.network, ip);
+    let mut metadata = serde_json::json!({"name": name, "namespace": ns});
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = rv.into();
+    }
+    let body = serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "plexus.cni.io/v1alpha1",
+        "kind": "AddressClaim",
+        "metadata": metadata,
+        "spec": spec,
+    }))
+    .map_err(|e| K8sError::Client(e.to_string()))?;
+    Ok((name, body))
+}
+
 /// Who holds a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ClaimHolder {
@@ -182,26 +210,13 @@ impl KubeClient {
         spec: &ClaimSpec,
         policy: RetryPolicy,
     ) -> Result<ClaimOutcome, K8sError> {
-        let ip: IpAddr = spec.address.parse().map_err(|_| {
-            K8sError::Client(format!(
-                "address claim: not an IP address: {:?}",
-                spec.address
-            ))
-        })?;
-        let name = claim_name(&spec.network, ip);
+        let (name, body) = claim_object(ns, spec, None)?;
         let ctx = Ctx {
             what: "create address claim",
             ns,
             name: &name,
         };
         K8sError::check_names(ctx)?;
-        let body = serde_json::to_vec(&serde_json::json!({
-            "apiVersion": "plexus.cni.io/v1alpha1",
-            "kind": "AddressClaim",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": spec,
-        }))
-        .map_err(|e| K8sError::Client(e.to_string()))?;
         let url = collection(ns);
         let created = retry::run(policy, self.options().request_timeout, ctx, || async {
             let req = http::Request::post(url.as_str())
@@ -259,25 +274,13 @@ impl KubeClient {
         spec: &ClaimSpec,
         resource_version: &str,
     ) -> Result<(), K8sError> {
-        let ip: IpAddr = spec.address.parse().map_err(|_| {
-            K8sError::Client(format!(
-                "address claim: not an IP address: {:?}",
-                spec.address
-            ))
-        })?;
-        let name = claim_name(&spec.network, ip);
+        let (name, body) = claim_object(ns, spec, Some(resource_version))?;
         let ctx = Ctx {
             what: "take over address claim",
             ns,
             name: &name,
         };
-        let body = serde_json::to_vec(&serde_json::json!({
-            "apiVersion": "plexus.cni.io/v1alpha1",
-            "kind": "AddressClaim",
-            "metadata": {"name": name, "namespace": ns, "resourceVersion": resource_version},
-            "spec": spec,
-        }))
-        .map_err(|e| K8sError::Client(e.to_string()))?;
+        K8sError::check_names(ctx)?;
         let url = format!("{}/{}", collection(ns), segment(&name));
         let req = http::Request::put(url.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")

@@ -229,6 +229,19 @@ impl K8sError {
         }
     }
 
+    /// [`K8sError::InvalidName`] unless `ctx`'s namespace is a Kubernetes name (for a LIST).
+    pub(crate) fn check_namespace(ctx: Ctx<'_>) -> Result<(), Self> {
+        match super::names::namespace_problem(ctx.ns) {
+            None => Ok(()),
+            Some(reason) => Err(K8sError::InvalidName {
+                what: ctx.what,
+                ns: ctx.ns.to_owned(),
+                name: String::new(),
+                reason,
+            }),
+        }
+    }
+
     pub(crate) fn timeout(ctx: Ctx<'_>, timeout: Duration) -> Self {
         K8sError::Timeout {
             what: ctx.what,

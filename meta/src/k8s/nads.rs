@@ -127,14 +127,7 @@ impl KubeClient {
             ns,
             name: "",
         };
-        if let Some(reason) = super::names::namespace_problem(ns) {
-            return Err(K8sError::InvalidName {
-                what: ctx.what,
-                ns: ns.to_owned(),
-                name: String::new(),
-                reason,
-            });
-        }
+        K8sError::check_namespace(ctx)?;
         #[derive(Deserialize)]
         struct List {
             #[serde(default)]

@@ -70,14 +70,7 @@ impl KubeClient {
             ns,
             name: "",
         };
-        if let Some(reason) = super::names::namespace_problem(ns) {
-            return Err(K8sError::InvalidName {
-                what: ctx.what,
-                ns: ns.to_owned(),
-                name: String::new(),
-                reason,
-            });
-        }
+        K8sError::check_namespace(ctx)?;
         let url = format!("/api/v1/namespaces/{}/pods", super::names::segment(ns));
         let view = retry::run(policy, self.options().request_timeout, ctx, || async {
             let req = http::Request::get(url.as_str()).body(Vec::new());
