@@ -552,6 +552,7 @@ uninstall() {
 		sleep "$SETTLE"
 	fi
 	[ -n "$STATE_DIR" ] || STATE_DIR=/var/lib/cni/plexus
+	clean_state "$name" || true
 	for b in $BINARIES; do
 		dst=$BIN_DIR/$b
 		[ -f "$dst" ] || continue
@@ -564,17 +565,40 @@ uninstall() {
 		log "removed $dst"
 	done
 	rm -rf "$PLEXUS_D"
-	if [ -d "$STATE_DIR" ]; then
+	# ADDs that started under the old config may finish after the first cleanup (seconds on a
+	# loaded node): clean again until two passes 2 s apart find nothing (at most a minute).
+	quiet=0
+	passes=0
+	while [ "$quiet" -lt 2 ] && [ "$passes" -lt 30 ]; do
+		sleep 2
+		passes=$((passes + 1))
+		if clean_state "$name"; then
+			quiet=$((quiet + 1))
+		else
+			quiet=0
+			log "cleaned what calls that started under the old config wrote since"
+		fi
+	done
+	log "uninstalled"
+}
+
+# Empty plexus' state dir and remove the runtime's cached results under plexus' network name
+# $1 (their DEL now comes with the primary's name, so nothing would ever remove them). Succeeds
+# when there was nothing to remove.
+clean_state() {
+	found=0
+	if [ -d "$STATE_DIR" ] && [ -n "$(find "$STATE_DIR" -mindepth 1 ! -type d 2>/dev/null | head -n 1)" ]; then
+		found=1
 		find "$STATE_DIR" -mindepth 1 -delete 2>/dev/null || log "could not empty $STATE_DIR"
 	fi
-	# The runtime's cached results of pods still running under plexus' network name: their
-	# DEL now comes with the primary's name, so nothing would ever remove them.
 	if [ -d "$CNI_CACHE_DIR" ]; then
-		for f in "$CNI_CACHE_DIR/$name"-*; do
-			[ -f "$f" ] && rm -f "$f"
+		for f in "$CNI_CACHE_DIR/$1"-*; do
+			[ -f "$f" ] || continue
+			found=1
+			rm -f "$f"
 		done
 	fi
-	log "uninstalled"
+	[ "$found" -eq 0 ]
 }
 
 # ------------------------------------------------------------------------------------------ main
