@@ -20,6 +20,7 @@ use serde_json::Value;
 mod config;
 pub use config::containerd_config;
 mod host;
+mod stale;
 
 use super::cri::Cri;
 use super::pause::{self, PAUSE_IMAGE};
@@ -66,6 +67,7 @@ impl<'a> Node<'a> {
         // hides those mounts, so containerd's later unlink fails with EBUSY and the pod cannot be
         // removed. Make /run/netns a mount point now, the way `ip netns` does.
         ensure_run_netns_mounted()?;
+        stale::sweep_dead_runs(dir.path());
         let netns_before = cni_netns();
         let cgroup_root = format!("/plexus-node-{}", std::process::id());
         let mut node = Node {
@@ -427,6 +429,8 @@ impl<'a> Node<'a> {
         ]);
         if std::env::var_os("PLEXUS_K8S_KEEP").is_some() {
             eprintln!("realk8s: keeping {}", self.dir().display());
+            // Cleaned up above: the next run's sweep of killed runs leaves it alone.
+            let _ = std::fs::write(self.path(stale::KEPT), "");
             self.dir.disable_cleanup(true);
         }
     }

@@ -41,24 +41,8 @@ impl Node<'_> {
         }
     }
 
-    /// The cgroup v1 hierarchies (or the v2 root) the kubelet will use.
-    fn cgroup_mounts() -> Vec<PathBuf> {
-        let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return Vec::new();
-        };
-        let mut v: Vec<PathBuf> = rd
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_dir() && !p.is_symlink() && p.join("cgroup.procs").exists())
-            .collect();
-        if Path::new("/sys/fs/cgroup/cgroup.procs").exists() {
-            v.push(PathBuf::from("/sys/fs/cgroup"));
-        }
-        v
-    }
-
     pub(super) fn make_cgroup_root(&self) -> Result<()> {
-        for m in Self::cgroup_mounts() {
+        for m in cgroup_mounts() {
             let d = m.join(self.cgroup_root.trim_start_matches('/'));
             std::fs::create_dir_all(&d).with_context(|| format!("mkdir {}", d.display()))?;
             // A new cpuset cgroup starts with no CPUs and no memory nodes: copy the parent's.
@@ -72,13 +56,29 @@ impl Node<'_> {
     }
 
     pub(super) fn remove_cgroup_root(&self) {
-        for m in Self::cgroup_mounts() {
+        for m in cgroup_mounts() {
             let d = m.join(self.cgroup_root.trim_start_matches('/'));
             if d.exists() {
                 remove_cgroup_tree(&d);
             }
         }
     }
+}
+
+/// The cgroup v1 hierarchies (or the v2 root) the kubelet will use.
+pub(super) fn cgroup_mounts() -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && !p.is_symlink() && p.join("cgroup.procs").exists())
+        .collect();
+    if Path::new("/sys/fs/cgroup/cgroup.procs").exists() {
+        v.push(PathBuf::from("/sys/fs/cgroup"));
+    }
+    v
 }
 
 /// Remove the symlinks in `dir` that point under `target` (the kubelet links every container's
@@ -92,7 +92,7 @@ pub(super) fn remove_links_into(dir: &str, target: &Path) {
 }
 
 /// rmdir a cgroup tree bottom-up (cgroup dirs hold only virtual files).
-fn remove_cgroup_tree(d: &Path) {
+pub(super) fn remove_cgroup_tree(d: &Path) {
     if let Ok(rd) = std::fs::read_dir(d) {
         for e in rd.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {

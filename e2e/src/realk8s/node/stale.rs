@@ -1,0 +1,236 @@
+//! What a killed test run left on the host, taken back before a node starts.
+//!
+//! [`super::Node::stop`] cleans up on every normal exit, but a SIGKILLed run (a timeout, the
+//! end of a session) leaves its node behind: mounts under its directory, the `cni-*` netns
+//! files containerd pinned (and so the pods' host-side veths and routes), its cgroup root and
+//! its links. The next run's leak checks would count them as its own. A run is dead when no
+//! containerd or kubelet names its directory; only the test runs' own names are touched
+//! (`/tmp/plexus-node-*`, `plexus-node-<pid>` cgroups, `px<letter><pid>…` links, and `cni-*`
+//! netns nobody is in, only while no node of any run is alive).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::host::{cgroup_mounts, remove_cgroup_tree, unmount_under};
+
+/// The file a node stopped with `PLEXUS_K8S_KEEP` leaves in its directory: kept on purpose.
+pub(super) const KEPT: &str = "kept";
+
+/// Take back what dead test runs left (never `own`, the starting node's directory); say what
+/// was removed.
+pub(super) fn sweep_dead_runs(own: &Path) {
+    let procs = processes();
+    let tmp = std::env::temp_dir();
+    let node_dirs: Vec<PathBuf> = dirs_with_prefix(&tmp, "plexus-node-")
+        .into_iter()
+        .filter(|d| d != own && !d.join(KEPT).exists())
+        .collect();
+    let live = |d: &Path| {
+        let s = d.display().to_string();
+        procs.iter().any(|p| {
+            matches!(p.name.as_str(), "containerd" | "kubelet")
+                && p.args.iter().any(|a| a.contains(&s))
+        })
+    };
+    let dead: Vec<&PathBuf> = node_dirs.iter().filter(|d| !live(d)).collect();
+    let any_live = dead.len() < node_dirs.len();
+    for d in &dead {
+        // Shims (and so the pods' pause processes) can outlive a killed containerd.
+        let s = d.display().to_string();
+        for p in procs
+            .iter()
+            .filter(|p| p.args.iter().any(|a| a.contains(&s)))
+        {
+            kill(p.pid);
+        }
+    }
+    let cgroups = dead_cgroup_roots();
+    for c in &cgroups {
+        kill_members(c);
+    }
+    for d in &dead {
+        unmount_under(d);
+        match std::fs::remove_dir_all(d) {
+            Ok(()) => eprintln!("realk8s: removed {} (a killed run's node)", d.display()),
+            Err(e) => eprintln!("realk8s: remove {}: {e}", d.display()),
+        }
+    }
+    for c in &cgroups {
+        remove_cgroup_tree(c);
+    }
+    if !any_live {
+        remove_empty_cni_netns(&processes());
+    }
+    remove_dead_runs_links();
+    for d in dirs_with_prefix(&tmp, "plexus-k8s-") {
+        let s = d.display().to_string();
+        if !procs.iter().any(|p| p.args.iter().any(|a| a.contains(&s))) {
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+}
+
+/// A running process: pid, command name (`comm`) and arguments.
+struct ProcInfo {
+    pid: i32,
+    name: String,
+    args: Vec<String>,
+}
+
+fn processes() -> Vec<ProcInfo> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let name = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            Some(ProcInfo {
+                pid,
+                name: name.trim().to_string(),
+                args: cmd
+                    .split(|&b| b == 0)
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+fn dirs_with_prefix(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn kill(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// `plexus-node-<pid>` cgroups (every hierarchy) whose test process is gone.
+fn dead_cgroup_roots() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for m in cgroup_mounts() {
+        for d in dirs_with_prefix(&m, "plexus-node-") {
+            let pid = d
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("plexus-node-"))
+                .and_then(|n| n.parse::<u32>().ok());
+            if pid.is_some_and(|p| !alive(p)) {
+                v.push(d);
+            }
+        }
+    }
+    v
+}
+
+/// SIGKILL every process in the cgroup tree `d`.
+fn kill_members(d: &Path) {
+    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            kill_members(&e.path());
+        }
+    }
+    let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        kill(pid);
+    }
+}
+
+/// The netns inode a `/proc/<pid>/ns/net` link or a `/run/netns` file names.
+fn netns_inode(p: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| m.ino())
+}
+
+/// Remove `/run/netns/cni-*` files no process is in (a live sandbox has its pause process).
+fn remove_empty_cni_netns(procs: &[ProcInfo]) {
+    let used: BTreeSet<u64> = procs
+        .iter()
+        .filter_map(|p| netns_inode(Path::new(&format!("/proc/{}/ns/net", p.pid))))
+        .collect();
+    for name in super::host::cni_netns() {
+        let p = Path::new("/run/netns").join(&name);
+        if netns_inode(&p).is_some_and(|i| used.contains(&i)) {
+            continue;
+        }
+        let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        if std::fs::remove_file(&p).is_ok() {
+            eprintln!("realk8s: removed netns {name} (a killed run's pod)");
+        }
+    }
+}
+
+/// The test process id a link name `px<letter><pid><letters>` carries.
+fn link_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("px")?;
+    let mut chars = rest.chars();
+    if !chars.next()?.is_ascii_lowercase() {
+        return None;
+    }
+    let tail = chars.as_str();
+    let digits: String = tail.chars().take_while(char::is_ascii_digit).collect();
+    let suffix = &tail[digits.len()..];
+    if digits.is_empty() || !suffix.chars().all(|c| c.is_ascii_lowercase()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Delete the host links of test runs whose process is gone.
+fn remove_dead_runs_links() {
+    let out = Command::new("ip").args(["-j", "link", "show"]).output();
+    let links: serde_json::Value = out
+        .ok()
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        .unwrap_or_default();
+    for l in links.as_array().into_iter().flatten() {
+        let Some(name) = l["ifname"].as_str() else {
+            continue;
+        };
+        if link_owner(name).is_some_and(|pid| !alive(pid)) {
+            let _ = Command::new("ip").args(["link", "del", name]).status();
+            eprintln!("realk8s: removed link {name} (a killed run's)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::link_owner;
+
+    #[test]
+    fn link_owner_reads_the_pid_of_test_links_only() {
+        assert_eq!(link_owner("pxc31888ca"), Some(31888));
+        assert_eq!(link_owner("pxn2601f"), Some(2601));
+        assert_eq!(link_owner("pxd77v"), Some(77));
+        for other in [
+            "eth0",
+            "ifb0",
+            "lo",
+            "px",
+            "pxc",
+            "pxcab",
+            "pxc12x3",
+            "cali12",
+            "flannel.1",
+        ] {
+            assert_eq!(link_owner(other), None, "{other}");
+        }
+    }
+}
