@@ -159,6 +159,41 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     if let Ok(f) = std::env::var("PLEXUS_VM_CASES") {
         append += &format!(" plexus.cases={}", f.replace(' ', ""));
     }
+    // The second node: its own VM, its PF's wire on a port of this VM's hub (UDP on 127.0.0.1).
+    let peer_wanted = std::env::var("PLEXUS_VM_PEER_VM").as_deref() != Ok("0");
+    let (mut extra, mut peer) = (
+        node.as_ref()
+            .map(|n| n.qemu_args.clone())
+            .unwrap_or_default(),
+        None,
+    );
+    if peer_wanted {
+        let (here, there) = (free_udp_port()?, free_udp_port()?);
+        extra.extend([
+            "-netdev".to_string(),
+            format!("dgram,id=peer,local.type=inet,local.host=127.0.0.1,local.port={here},remote.type=inet,remote.host=127.0.0.1,remote.port={there}"),
+            "-netdev".to_string(),
+            "hubport,id=w2,hubid=0,netdev=peer".to_string(),
+        ]);
+        let dir = out.join("peer");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let peer_append = format!(
+            "console=ttyS0 panic=-1 no_timer_check loglevel=4 plexus.run={} plexus.out={} plexus.keep={keep} plexus.args=--peer-vm",
+            exe.display(),
+            dir.display()
+        );
+        let accel = std::env::var("PLEXUS_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
+        peer = Some(boot_peer(
+            parts,
+            &initrd,
+            &peer_append,
+            &accel,
+            &dir,
+            there,
+            here,
+        )?);
+        append += &format!(" plexus.peer={}", crate::peer::PEER_ADDR);
+    }
     let timeout = std::env::var("PLEXUS_VM_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -178,7 +213,8 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         accel: &accel,
         out: &out,
         console: &console,
-        extra: node.as_ref().map(|n| n.qemu_args.as_slice()).unwrap_or(&[]),
+        extra: &extra,
+        node: node.is_some(),
     };
     println!(
         "vm_sriov: booting QEMU ({accel}, igb PF) with {}; waiting up to {timeout} s",
@@ -198,6 +234,17 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         status = boot.run(deadline)?;
     }
     let elapsed = started.elapsed();
+    // The second node has served its purpose: stop it, say how it went.
+    let peer_note = peer.take().map(|vm| {
+        drop(vm);
+        let dir = out.join("peer");
+        let said = std::fs::read_to_string(dir.join("peer.json")).unwrap_or_default();
+        let console = std::fs::read_to_string(dir.join("console.log")).unwrap_or_default();
+        (said, console)
+    });
+    if let Some((said, _)) = &peer_note {
+        println!("vm_sriov: second node said: {}", said.trim());
+    }
     let report = read_results(&out);
     print!("{}", report.text);
     println!(
@@ -225,9 +272,77 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
                 "----- VM console ({}) -----\n{log}\n----- end of VM console -----",
                 console.display()
             );
+            if let Some((_, peer_console)) = &peer_note {
+                let tail: Vec<&str> = peer_console.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                eprintln!(
+                    "----- second node's console (last 40 lines) -----\n{}\n-----",
+                    tail.join("\n")
+                );
+            }
             Err(format!("{p}; results and logs kept in {}", out.display()))
         }
     }
+}
+
+/// A free UDP port on 127.0.0.1 (bound, then released for QEMU).
+fn free_udp_port() -> Result<u16, String> {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free UDP port: {e}"))
+}
+
+/// QEMU under a parent-death signal (it dies with this process even when that is killed).
+fn qemu_command(qemu: &Path) -> Command {
+    match which("setpriv") {
+        Some(sp) => {
+            let mut c = Command::new(sp);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(qemu);
+            c
+        }
+        None => Command::new(qemu),
+    }
+}
+
+/// Starts the second node (see `peer`): a small VM, one CPU, no IOMMU, its igb PF's wire a UDP
+/// datagram link from `port` to `peer_port` on 127.0.0.1, its console in `dir`. Killed on drop.
+fn boot_peer(
+    parts: &Parts,
+    initrd: &Path,
+    append: &str,
+    accel: &str,
+    dir: &Path,
+    port: u16,
+    peer_port: u16,
+) -> Result<Vm, String> {
+    let child = qemu_command(&parts.qemu)
+        .args(["-accel", accel, "-machine", "q35", "-m", "768", "-smp", "1"])
+        .args(["-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot"])
+        // The same VF BAR workaround as the first VM (see `Boot::run`).
+        .args(["-global", "q35-pcihost.pci-hole64-size=0"])
+        .args(["-cpu", "qemu64,phys-bits=35"])
+        .arg("-kernel")
+        .arg(&parts.vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", append])
+        .arg("-netdev")
+        .arg(format!("dgram,id=wire,local.type=inet,local.host=127.0.0.1,local.port={port},remote.type=inet,remote.host=127.0.0.1,remote.port={peer_port}"))
+        // Its own MAC: both QEMUs would give their first NIC the same default one.
+        .args(["-device", "igb,netdev=wire,mac=52:54:00:27:0b:01"])
+        .args([
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        ])
+        .arg("-virtfs")
+        .arg(format!("local,path={},mount_tag=out,security_model=none", dir.display()))
+        .arg("-serial")
+        .arg(format!("file:{}", dir.join("console.log").display()))
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", parts.qemu.display()))?;
+    Ok(Vm(child))
 }
 
 /// One QEMU invocation.
@@ -240,6 +355,8 @@ struct Boot<'a> {
     out: &'a Path,
     console: &'a Path,
     extra: &'a [String],
+    /// The node cases run (more memory).
+    node: bool,
 }
 
 impl Boot<'_> {
@@ -247,20 +364,9 @@ impl Boot<'_> {
     fn run(&self, deadline: Instant) -> Result<Option<std::process::ExitStatus>, String> {
         // QEMU dies with this process even when it is killed (no Drop then): util-linux's
         // setpriv sets the parent-death signal.
-        let mut cmd = match which("setpriv") {
-            Some(sp) => {
-                let mut c = Command::new(sp);
-                c.args(["--pdeathsig", "KILL", "--"]).arg(self.qemu);
-                c
-            }
-            None => Command::new(self.qemu),
-        };
+        let mut cmd = qemu_command(self.qemu);
         // A node (kubelet, containerd, flanneld, sriovdp) needs more memory than the cases alone.
-        let mem = if self.extra.is_empty() {
-            "1536"
-        } else {
-            "3072"
-        };
+        let mem = if self.node { "3072" } else { "1536" };
         let child = cmd
             .args([
                 "-accel", self.accel, "-machine", "q35", "-m", mem, "-smp", "2",

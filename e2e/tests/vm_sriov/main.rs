@@ -18,6 +18,8 @@
 //! `PLEXUS_VM_BENCH=1`: also run the sriov vs sriov-cni benchmark (see `bench_host`), and with
 //! the node cases the bank pod's create→Running through each.
 //! `PLEXUS_VM_KEEP=1`: keep `target/vm/run-<pid>` (console log, results) after a passing run.
+//! `PLEXUS_VM_PEER_VM` (default `1`): also boot a second node, a small VM whose PF's wire joins
+//! the first VM's over a UDP datagram link on 127.0.0.1 (`peer`); `0`: do not.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -34,12 +36,16 @@ mod guest;
 mod host;
 mod node;
 mod node_host;
+mod peer;
 mod vf;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--in-vm") {
         std::process::exit(guest::main());
+    }
+    if args.iter().any(|a| a == "--peer-vm") {
+        std::process::exit(peer::main());
     }
     // Behave like a libtest binary towards `cargo test -- --list` and name filters: the VM
     // boots only when this tier is selected.

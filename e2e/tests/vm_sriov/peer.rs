@@ -1,0 +1,168 @@
+//! A second node: a second QEMU VM (its own kernel, igb PF and igbvf VF) whose PF's wire is
+//! joined to the first VM's over a UDP datagram link on 127.0.0.1 (QEMU `-netdev dgram`, a
+//! port of the first VM's hub). It runs this binary with `--peer-vm`: one VF attached by the
+//! real `sriov` delegate as a pod's `net1` on VLAN 100 with [`PEER_ADDR`] and [`PEER_MAC`], then
+//! it idles until the host stops it. The first VM's case attaches one of its own VFs on VLAN 100
+//! and must reach that address at that MAC: VF to VF across two nodes, by packets; one on
+//! VLAN 200 must not.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::Netns;
+use crate::guest::{Case, T};
+use crate::vf::{nad, sh, wait_for, CaseDir, Pf};
+
+/// The second node's VF address on VLAN 100.
+pub const PEER_ADDR: &str = "10.56.217.60";
+/// The MAC the second node's `sriov` gives its VF (the NAD's `mac`).
+pub const PEER_MAC: &str = "52:54:00:27:0b:10";
+/// This node's VF address in the case, and the MAC it gives it.
+const OWN_ADDR: &str = "10.56.217.61";
+const OWN_MAC: &str = "52:54:00:27:0a:10";
+/// This node's other VF, on VLAN 200 in the same subnet: the second node must not answer it.
+const OTHER_ADDR: &str = "10.56.217.62";
+const OTHER_MAC: &str = "52:54:00:27:0a:11";
+
+/// The cases of this module (the first VM's side).
+pub const CASES: &[Case] = &[(
+    "a_vf_reaches_a_vf_of_a_second_node_across_the_wire",
+    vf_to_vf_across_nodes,
+)];
+
+/// A bank NAD on `vlan` for VF `pci` with `addr` and `mac`.
+fn on_vlan(vlan: u16, pci: &str, addr: &str, mac: &str) -> serde_json::Value {
+    let mut c = nad(pci, json!({"vlan": vlan, "mac": mac}));
+    c["ipam"]["addresses"] = json!([{"address": format!("{addr}/24")}]);
+    c
+}
+
+/// The first VM's case: VF 0 as `net1` on VLAN 100; the second node's VF answers a ping at its
+/// own MAC (a frame that crossed the wire both ways: nothing on this node has that address),
+/// and VF 1 on VLAN 200 in the same subnet gets no answer.
+/// Without a second node (`PLEXUS_VM_PEER` unset) there is nothing to reach: it says so.
+fn vf_to_vf_across_nodes(t: &T<'_>) {
+    let peer = std::env::var("PLEXUS_VM_PEER").unwrap_or_default();
+    if peer.is_empty() {
+        t.note(
+            "second node: none booted (PLEXUS_VM_PEER_VM=0), VF to VF across nodes not run".into(),
+        );
+        return;
+    }
+    assert_eq!(
+        peer, PEER_ADDR,
+        "the host booted the second node with another address"
+    );
+    let ns = Netns::new();
+    let conf = on_vlan(100, &t.vf(0), OWN_ADDR, OWN_MAC);
+    let r = t.dir.sriov("ADD", "peer-a", &ns.path(), &conf);
+    assert_eq!(r.code, 0, "ADD: {} {}", r.out, r.stderr);
+    let started = Instant::now();
+    // The second node boots beside this one: give it time to attach its VF.
+    let reached = wait_for(Duration::from_secs(240), || {
+        sh(&[
+            "ip", "netns", "exec", &ns.name, "ping", "-c", "1", "-W", "2", PEER_ADDR,
+        ])
+        .is_ok()
+    });
+    let waited = started.elapsed();
+    let neigh = ns.ip(&["neigh", "show", PEER_ADDR]);
+    // Where it must stop: this node's other VF, same subnet but VLAN 200, gets no answer
+    // while the VLAN 100 one still does.
+    let other = reached.is_some().then(|| on_another_vlan(t));
+    let still = sh(&[
+        "ip", "netns", "exec", &ns.name, "ping", "-c", "1", "-W", "2", PEER_ADDR,
+    ]);
+    let del = t.dir.sriov("DEL", "peer-a", &ns.path(), &conf);
+    assert!(
+        reached.is_some(),
+        "no answer from the second node's VF {PEER_ADDR} on VLAN 100 within 240 s"
+    );
+    assert!(
+        neigh.contains(PEER_MAC),
+        "{PEER_ADDR} answered from another MAC: {neigh}"
+    );
+    let other = other.unwrap_or_default();
+    assert!(other.is_empty(), "{other}");
+    assert!(still.is_ok(), "VLAN 100 stopped answering: {still:?}");
+    assert_eq!(del.code, 0, "DEL: {}", del.out);
+    t.note(format!(
+        "second node: its VF {PEER_ADDR} ({PEER_MAC}) answered on VLAN 100 across the wire after {:.1} s; a VF on VLAN 200 got no answer (3 pings)",
+        waited.as_secs_f64()
+    ));
+}
+
+/// VF 1 on VLAN 200 in the second node's subnet: what went wrong, or nothing when the second
+/// node stayed silent to it (no answer to 3 pings, no neighbour entry with its MAC).
+fn on_another_vlan(t: &T<'_>) -> String {
+    let ns = Netns::new();
+    let conf = on_vlan(200, &t.vf(1), OTHER_ADDR, OTHER_MAC);
+    let r = t.dir.sriov("ADD", "peer-other", &ns.path(), &conf);
+    if r.code != 0 {
+        return format!("ADD on VLAN 200: {} {}", r.out, r.stderr);
+    }
+    let ping = sh(&[
+        "ip", "netns", "exec", &ns.name, "ping", "-c", "3", "-i", "0.5", "-W", "1", PEER_ADDR,
+    ]);
+    let neigh = ns.ip(&["neigh", "show", PEER_ADDR]);
+    let del = t.dir.sriov("DEL", "peer-other", &ns.path(), &conf);
+    let mut wrong = Vec::new();
+    if ping.is_ok() {
+        wrong.push(format!("{PEER_ADDR} answered a VF on VLAN 200"));
+    }
+    if neigh.contains(PEER_MAC) {
+        wrong.push(format!("VLAN 200 learnt {PEER_MAC}: {neigh}"));
+    }
+    if del.code != 0 {
+        wrong.push(format!("DEL on VLAN 200: {}", del.out));
+    }
+    wrong.join("; ")
+}
+
+/// The second VM's entry point (`--peer-vm`): attach its VF, report, idle until stopped.
+pub fn main() -> i32 {
+    let out = PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into()));
+    let report = |v: serde_json::Value| {
+        println!("vm-peer: {v}");
+        let _ = std::fs::write(out.join("peer.json"), v.to_string());
+    };
+    let attached = (|| -> Result<String, String> {
+        sh(&["ip", "link", "set", "lo", "up"])?;
+        let pf = Pf::discover()?;
+        crate::vf::write_sys(
+            &format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", pf.name),
+            "1",
+        )?;
+        pf.set_up(true)?;
+        pf.create_vfs(1)?;
+        pf.wait_rate_ready()?;
+        let vf = pf.vf_pci(0).ok_or("no VF 0")?;
+        let dir = CaseDir(PathBuf::from("/tmp/peer"));
+        std::fs::create_dir_all(&dir.0).map_err(|e| e.to_string())?;
+        let ns = Netns::new();
+        let r = dir.sriov(
+            "ADD",
+            "peer-b",
+            &ns.path(),
+            &on_vlan(100, &vf, PEER_ADDR, PEER_MAC),
+        );
+        if r.code != 0 {
+            return Err(format!("ADD: {} {}", r.out, r.stderr));
+        }
+        // The netns must outlive this scope: the node idles with the pod attached.
+        std::mem::forget(ns);
+        Ok(vf)
+    })();
+    match attached {
+        Ok(vf) => report(json!({"ready": true, "vf": vf, "addr": PEER_ADDR, "mac": PEER_MAC})),
+        Err(e) => {
+            report(json!({"ready": false, "error": e}));
+            return 1;
+        }
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
