@@ -203,6 +203,7 @@ pub fn main() -> i32 {
     all.extend_from_slice(crate::cases_fidelity::CASES);
     all.extend_from_slice(crate::cases_plexus::CASES);
     all.extend_from_slice(crate::peer::CASES);
+    all.extend_from_slice(crate::cases_failover::CASES);
     all.extend(crate::cases_bench::cases());
     // PLEXUS_VM_CASES=a,b runs only the cases whose name contains one of the filters.
     let filters: Vec<String> = std::env::var("PLEXUS_VM_CASES")

@@ -28,6 +28,7 @@ mod bench_host;
 mod cases;
 mod cases_bench;
 mod cases_fail;
+mod cases_failover;
 mod cases_fidelity;
 mod cases_node;
 mod cases_plexus;
@@ -37,6 +38,7 @@ mod host;
 mod node;
 mod node_host;
 mod peer;
+mod peer_link;
 mod vf;
 
 fn main() {

@@ -2,7 +2,7 @@
 //! joined to the first VM's over a UDP datagram link on 127.0.0.1 (QEMU `-netdev dgram`, a
 //! port of the first VM's hub). It runs this binary with `--peer-vm`: one VF attached by the
 //! real `sriov` delegate as a pod's `net1` on VLAN 100 with [`PEER_ADDR`] and [`PEER_MAC`], then
-//! it idles until the host stops it. The first VM's case attaches one of its own VFs on VLAN 100
+//! it does what the first VM asks through `peer_link` (detach, attach) until the host stops it. The first VM's case attaches one of its own VFs on VLAN 100
 //! and must reach that address at that MAC: VF to VF across two nodes, by packets; one on
 //! VLAN 200 must not.
 
@@ -33,7 +33,7 @@ pub const CASES: &[Case] = &[(
 )];
 
 /// A bank NAD on `vlan` for VF `pci` with `addr` and `mac`.
-fn on_vlan(vlan: u16, pci: &str, addr: &str, mac: &str) -> serde_json::Value {
+pub fn on_vlan(vlan: u16, pci: &str, addr: &str, mac: &str) -> serde_json::Value {
     let mut c = nad(pci, json!({"vlan": vlan, "mac": mac}));
     c["ipam"]["addresses"] = json!([{"address": format!("{addr}/24")}]);
     c
@@ -121,14 +121,15 @@ fn on_another_vlan(t: &T<'_>) -> String {
     wrong.join("; ")
 }
 
-/// The second VM's entry point (`--peer-vm`): attach its VF, report, idle until stopped.
+/// The second VM's entry point (`--peer-vm`): attach its VF as [`PEER_ADDR`], report, then
+/// carry out the first VM's commands (`peer_link`) until stopped.
 pub fn main() -> i32 {
     let out = PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into()));
     let report = |v: serde_json::Value| {
         println!("vm-peer: {v}");
         let _ = std::fs::write(out.join("peer.json"), v.to_string());
     };
-    let attached = (|| -> Result<String, String> {
+    let started = (|| -> Result<Node, String> {
         sh(&["ip", "link", "set", "lo", "up"])?;
         let pf = Pf::discover()?;
         crate::vf::write_sys(
@@ -141,28 +142,96 @@ pub fn main() -> i32 {
         let vf = pf.vf_pci(0).ok_or("no VF 0")?;
         let dir = CaseDir(PathBuf::from("/tmp/peer"));
         std::fs::create_dir_all(&dir.0).map_err(|e| e.to_string())?;
-        let ns = Netns::new();
-        let r = dir.sriov(
-            "ADD",
-            "peer-b",
-            &ns.path(),
-            &on_vlan(100, &vf, PEER_ADDR, PEER_MAC),
-        );
-        if r.code != 0 {
-            return Err(format!("ADD: {} {}", r.out, r.stderr));
-        }
-        // The netns must outlive this scope: the node idles with the pod attached.
-        std::mem::forget(ns);
-        Ok(vf)
+        let mut node = Node {
+            vf,
+            dir,
+            pod: None,
+            pods: 0,
+        };
+        node.attach(PEER_ADDR, PEER_MAC, true)?;
+        Ok(node)
     })();
-    match attached {
-        Ok(vf) => report(json!({"ready": true, "vf": vf, "addr": PEER_ADDR, "mac": PEER_MAC})),
+    let mut node = match started {
+        Ok(n) => {
+            report(json!({"ready": true, "vf": n.vf, "addr": PEER_ADDR, "mac": PEER_MAC}));
+            n
+        }
         Err(e) => {
             report(json!({"ready": false, "error": e}));
             return 1;
         }
+    };
+    crate::peer_link::serve(&out, |cmd| node.carry_out(cmd))
+}
+
+/// The second node's one VF and the pod holding it, if any.
+struct Node {
+    vf: String,
+    dir: CaseDir,
+    pod: Option<(Netns, String, serde_json::Value)>,
+    pods: u32,
+}
+
+impl Node {
+    /// A command from the first VM: `{"op":"attach","addr","mac","announce"}` or
+    /// `{"op":"detach"}`; the answer says how long the delegate took.
+    fn carry_out(&mut self, cmd: &serde_json::Value) -> Result<serde_json::Value, String> {
+        let t = Instant::now();
+        match cmd["op"].as_str() {
+            Some("attach") => self.attach(
+                cmd["addr"].as_str().ok_or("no addr")?,
+                cmd["mac"].as_str().ok_or("no mac")?,
+                cmd["announce"].as_bool().unwrap_or(true),
+            )?,
+            Some("detach") => self.detach()?,
+            other => return Err(format!("unknown op {other:?}")),
+        }
+        Ok(json!({"ms": t.elapsed().as_secs_f64() * 1000.0}))
     }
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
+
+    /// A pod with the VF as `net1` on VLAN 100 at `addr` and `mac`, by the real `sriov`.
+    /// Without `announce` the address is not in the delegate's config but added by hand after
+    /// it (`arp_notify` off): the VF is set up the same, and nothing tells the wire it moved,
+    /// as with a delegate that does not announce.
+    fn attach(&mut self, addr: &str, mac: &str, announce: bool) -> Result<(), String> {
+        if self.pod.is_some() {
+            return Err("the VF is attached already".into());
+        }
+        self.pods += 1;
+        let id = format!("peer-b{}", self.pods);
+        let mut conf = on_vlan(100, &self.vf, addr, mac);
+        if !announce {
+            conf.as_object_mut().map(|o| o.remove("ipam"));
+        }
+        let ns = Netns::new();
+        let r = self.dir.sriov("ADD", &id, &ns.path(), &conf);
+        if r.code != 0 {
+            return Err(format!("ADD: {} {}", r.out, r.stderr));
+        }
+        if !announce {
+            let cidr = format!("{addr}/24");
+            for c in [
+                vec!["sysctl", "-qw", "net.ipv4.conf.net1.arp_notify=0"],
+                vec!["ip", "addr", "add", cidr.as_str(), "dev", "net1"],
+            ] {
+                let mut a = vec!["ip", "netns", "exec", ns.name.as_str()];
+                a.extend(c);
+                sh(&a)?;
+            }
+        }
+        self.pod = Some((ns, id, conf));
+        Ok(())
+    }
+
+    /// The pod's DEL (the VF back on the node), and its netns removed.
+    fn detach(&mut self) -> Result<(), String> {
+        let Some((ns, id, conf)) = self.pod.take() else {
+            return Ok(());
+        };
+        let r = self.dir.sriov("DEL", &id, &ns.path(), &conf);
+        if r.code != 0 {
+            return Err(format!("DEL: {}", r.out));
+        }
+        Ok(())
     }
 }

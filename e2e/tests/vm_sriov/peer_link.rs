@@ -1,0 +1,74 @@
+//! The first VM's commands to the second node, as files in the second node's out directory
+//! (`<first VM's out>/peer` on the host, shared with both VMs over 9p, uncached): the first VM
+//! writes `cmd-<n>.json` (renamed into place whole), the second node carries it out and writes
+//! `done-<n>.json` (`{"ok": true, ...}` or `{"ok": false, "error"}`). Commands are numbered from
+//! 1 and carried out in order.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The next command's number (the first VM's side).
+static NEXT: AtomicU32 = AtomicU32::new(1);
+
+/// The shared directory, seen from the first VM.
+fn shared() -> PathBuf {
+    PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into())).join("peer")
+}
+
+/// Send `cmd` to the second node and wait up to `limit` for its answer.
+pub fn send(cmd: &Value, limit: Duration) -> Result<Value, String> {
+    let dir = shared();
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    let tmp = dir.join(format!(".cmd-{n}.json"));
+    std::fs::write(&tmp, cmd.to_string()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, dir.join(format!("cmd-{n}.json"))).map_err(|e| e.to_string())?;
+    let done = dir.join(format!("done-{n}.json"));
+    let t = Instant::now();
+    loop {
+        if let Some(v) = read_json(&done) {
+            return if v["ok"] == true {
+                Ok(v)
+            } else {
+                Err(format!("the second node: {}", v["error"]))
+            };
+        }
+        if t.elapsed() > limit {
+            return Err(format!(
+                "the second node did not answer {cmd} within {limit:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The second node's side: carry out each command in `out` with `f`, forever.
+pub fn serve(out: &Path, mut f: impl FnMut(&Value) -> Result<Value, String>) -> i32 {
+    let mut n = 1u32;
+    loop {
+        let Some(cmd) = read_json(&out.join(format!("cmd-{n}.json"))) else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        let answer = match f(&cmd) {
+            Ok(mut v) => {
+                v["ok"] = json!(true);
+                v
+            }
+            Err(e) => json!({"ok": false, "error": e}),
+        };
+        println!("vm-peer: {cmd} → {answer}");
+        let tmp = out.join(format!(".done-{n}.json"));
+        if std::fs::write(&tmp, answer.to_string()).is_ok() {
+            let _ = std::fs::rename(&tmp, out.join(format!("done-{n}.json")));
+        }
+        n += 1;
+    }
+}
+
+fn read_json(p: &Path) -> Option<Value> {
+    let s = std::fs::read_to_string(p).ok()?;
+    serde_json::from_str(&s).ok()
+}
