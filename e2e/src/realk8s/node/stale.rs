@@ -5,7 +5,7 @@
 //! files containerd pinned (and so the pods' host-side veths and routes), its cgroup root and
 //! its links. The next run's leak checks would count them as its own. A run is dead when no
 //! containerd or kubelet names its directory; only the test runs' own names are touched
-//! (`/tmp/plexus-node-*`, `plexus-node-<pid>` cgroups, `px<letter><pid>…` links, and `cni-*`
+//! (`/tmp/plexus-node-*`, `plexus-node-<pid>` cgroups, the node tiers' `px<tier><pid>…` links, `cni-*`
 //! netns nobody is in, only while no node of any run is alive).
 
 use std::collections::BTreeSet;
@@ -176,17 +176,17 @@ fn remove_empty_cni_netns(procs: &[ProcInfo]) {
     }
 }
 
-/// The test process id a link name `px<letter><pid><letters>` carries.
+/// The node tiers' link name tags: `px<tier letter><pid><letters>` (real_node_churn,
+/// real_node, real_node_daemon, real_statefulset). Other test links (`common::uniq`'s
+/// `<prefix><pid % 10000><counter>`) carry no exact pid and are never swept.
+const NODE_TIER_TAGS: [&str; 4] = ["pxc", "pxn", "pxd", "pxs"];
+
+/// The test process id a node tier's link name carries.
 fn link_owner(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("px")?;
-    let mut chars = rest.chars();
-    if !chars.next()?.is_ascii_lowercase() {
-        return None;
-    }
-    let tail = chars.as_str();
+    let tail = NODE_TIER_TAGS.iter().find_map(|t| name.strip_prefix(t))?;
     let digits: String = tail.chars().take_while(char::is_ascii_digit).collect();
     let suffix = &tail[digits.len()..];
-    if digits.is_empty() || !suffix.chars().all(|c| c.is_ascii_lowercase()) {
+    if digits.is_empty() || suffix.is_empty() || !suffix.chars().all(|c| c.is_ascii_lowercase()) {
         return None;
     }
     digits.parse().ok()
@@ -219,7 +219,13 @@ mod tests {
         assert_eq!(link_owner("pxc31888ca"), Some(31888));
         assert_eq!(link_owner("pxn2601f"), Some(2601));
         assert_eq!(link_owner("pxd77v"), Some(77));
+        assert_eq!(link_owner("pxs123a"), Some(123));
         for other in [
+            "pxc12",
+            "pxm12341",
+            "pxp12342",
+            "pxbr99",
+            "pxu12m",
             "eth0",
             "ifb0",
             "lo",
