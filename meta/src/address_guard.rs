@@ -508,18 +508,8 @@ mod tests {
             caps.insert("ips".into(), json!(ips));
         }
         PlannedAttachment {
-            network: network.into(),
-            ifname: "net1".into(),
-            is_default: false,
-            config,
             capability_args: caps,
-            cni_args: String::new(),
-            default_route: vec![],
-            filter_v4: false,
-            filter_v6: false,
-            resource_name: None,
-            dra: None,
-            nad: None,
+            ..PlannedAttachment::for_test(network, config)
         }
     }
 

@@ -397,18 +397,13 @@ mod tests {
 
     fn attachment(network: &str, ifname: &str, plugin: &str) -> PlannedAttachment {
         PlannedAttachment {
-            network: network.into(),
             ifname: ifname.into(),
             is_default: ifname == "eth0",
-            config: json!({"cniVersion":"1.0.0","name":network.rsplit('/').next(),"type":plugin}),
-            capability_args: Default::default(),
             cni_args: "IgnoreUnknown=1".into(),
-            default_route: vec![],
-            filter_v4: false,
-            filter_v6: false,
-            resource_name: None,
-            dra: None,
-            nad: None,
+            ..PlannedAttachment::for_test(
+                network,
+                json!({"cniVersion":"1.0.0","name":network.rsplit('/').next(),"type":plugin}),
+            )
         }
     }
 

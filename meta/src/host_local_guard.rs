@@ -139,22 +139,13 @@ mod tests {
 
     fn attachment(network: &str, config: Value, inline: bool, default: bool) -> PlannedAttachment {
         PlannedAttachment {
-            network: network.into(),
-            ifname: "net1".into(),
             is_default: default,
-            config,
-            capability_args: serde_json::Map::new(),
-            cni_args: String::new(),
-            default_route: vec![],
-            filter_v4: false,
-            filter_v6: false,
-            resource_name: None,
-            dra: None,
             nad: Some(SelectedNad {
                 namespace: "db".into(),
                 inline_config: inline,
                 resource_name: None,
             }),
+            ..PlannedAttachment::for_test(network, config)
         }
     }
 

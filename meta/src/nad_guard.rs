@@ -311,22 +311,12 @@ mod tests {
 
     fn attachment(ns: &str, inline: bool, config: Value) -> PlannedAttachment {
         PlannedAttachment {
-            network: format!("{ns}/n"),
-            ifname: "net1".into(),
-            is_default: false,
-            config,
-            capability_args: Default::default(),
-            cni_args: String::new(),
-            default_route: vec![],
-            filter_v4: false,
-            filter_v6: false,
-            resource_name: None,
-            dra: None,
             nad: Some(SelectedNad {
                 namespace: ns.into(),
                 inline_config: inline,
                 resource_name: None,
             }),
+            ..PlannedAttachment::for_test(&format!("{ns}/n"), config)
         }
     }
 

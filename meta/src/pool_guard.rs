@@ -116,22 +116,13 @@ mod tests {
 
     fn attachment(network: &str, config: Value, resource: Option<&str>) -> PlannedAttachment {
         PlannedAttachment {
-            network: network.into(),
-            ifname: "net1".into(),
-            is_default: false,
-            config,
-            capability_args: serde_json::Map::new(),
-            cni_args: String::new(),
-            default_route: vec![],
-            filter_v4: false,
-            filter_v6: false,
             resource_name: resource.map(str::to_string),
-            dra: None,
             nad: Some(SelectedNad {
                 namespace: "db".into(),
                 inline_config: true,
                 resource_name: resource.map(str::to_string),
             }),
+            ..PlannedAttachment::for_test(network, config)
         }
     }
 

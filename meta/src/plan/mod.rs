@@ -92,6 +92,28 @@ pub struct PlannedAttachment {
     pub nad: Option<SelectedNad>,
 }
 
+#[cfg(test)]
+impl PlannedAttachment {
+    /// A secondary attachment (`net1`) of `network` running `config`, nothing else set: tests
+    /// fill in what they need with struct update syntax.
+    pub(crate) fn for_test(network: &str, config: Value) -> PlannedAttachment {
+        PlannedAttachment {
+            network: network.into(),
+            ifname: "net1".into(),
+            is_default: false,
+            config,
+            capability_args: Map::new(),
+            cni_args: String::new(),
+            default_route: vec![],
+            filter_v4: false,
+            filter_v6: false,
+            resource_name: None,
+            dra: None,
+            nad: None,
+        }
+    }
+}
+
 impl PlannedAttachment {
     /// The delegate config as a conflist.
     pub fn list(&self) -> Result<NetConfList, MetaError> {

@@ -472,32 +472,13 @@ mod tests {
     fn cached_networks_are_deleted_with_their_own_config_default_last() {
         let rebuilt = vec![
             PlannedAttachment {
-                network: "cbr0".into(),
                 ifname: "eth0".into(),
                 is_default: true,
-                config: json!({"name":"cbr0","type":"bridge"}),
-                capability_args: Default::default(),
-                cni_args: String::new(),
-                default_route: vec![],
-                filter_v4: false,
-                filter_v6: false,
-                resource_name: None,
-                dra: None,
-                nad: None,
+                ..PlannedAttachment::for_test("cbr0", json!({"name":"cbr0","type":"bridge"}))
             },
             PlannedAttachment {
-                network: "ns/extra".into(),
                 ifname: "net2".into(),
-                is_default: false,
-                config: json!({"name":"extra","type":"bridge"}),
-                capability_args: Default::default(),
-                cni_args: String::new(),
-                default_route: vec![],
-                filter_v4: false,
-                filter_v6: false,
-                resource_name: None,
-                dra: None,
-                nad: None,
+                ..PlannedAttachment::for_test("ns/extra", json!({"name":"extra","type":"bridge"}))
             },
         ];
         let plan = merge(
