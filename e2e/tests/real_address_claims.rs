@@ -325,6 +325,7 @@ fn two_nodes_race(nodes: &Nodes<'_>) -> Result<()> {
         "the loser kept {:?}",
         nss[l].links()
     );
+    only_the_holder_answers(&nodes.master, &nss[w])?;
     let mut warned = false;
     for _ in 0..50 {
         warned = nodes
@@ -354,6 +355,60 @@ fn two_nodes_race(nodes: &Nodes<'_>) -> Result<()> {
     }
     ensure!(nodes.claims()?.is_empty(), "{:?}", nodes.claims()?);
     ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    Ok(())
+}
+
+/// A client on the segment (a macvlan of `master` in its own netns) pings [`FIXED`] and finds it
+/// at the MAC of `holder`'s `net1`: the address is in use once, by the winner.
+fn only_the_holder_answers(master: &HostLink, holder: &Netns) -> Result<()> {
+    let links: Value = serde_json::from_str(&holder.ip(&["-j", "link", "show", "net1"]))?;
+    let mac = links[0]["address"]
+        .as_str()
+        .context("the holder's net1 has no MAC")?
+        .to_string();
+    let client = Netns::new();
+    let link = common::uniq("pxq");
+    let sh = |args: &[&str]| -> Result<()> {
+        let ok = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .status()?
+            .success();
+        ensure!(ok, "{args:?} failed");
+        Ok(())
+    };
+    sh(&[
+        "ip", "link", "add", &link, "link", &master.0, "type", "macvlan", "mode", "bridge",
+    ])?;
+    sh(&["ip", "link", "set", &link, "netns", &client.name])?;
+    sh(&[
+        "ip",
+        "-n",
+        &client.name,
+        "addr",
+        "add",
+        "10.56.7.99/24",
+        "dev",
+        &link,
+    ])?;
+    sh(&["ip", "-n", &client.name, "link", "set", &link, "up"])?;
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &client.name,
+        "ping",
+        "-c",
+        "2",
+        "-W",
+        "2",
+        FIXED,
+    ])
+    .context("a client on the segment got no answer from the winner")?;
+    let neigh = client.ip(&["neigh", "show", FIXED]);
+    ensure!(
+        neigh.contains(&mac),
+        "{FIXED} answered from {neigh}, not the winner's {mac}"
+    );
     Ok(())
 }
 
