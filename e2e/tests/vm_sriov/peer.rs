@@ -2,9 +2,9 @@
 //! joined to the first VM's over a UDP datagram link on 127.0.0.1 (QEMU `-netdev dgram`, a
 //! port of the first VM's hub). It runs this binary with `--peer-vm`: one VF attached by the
 //! real `sriov` delegate as a pod's `net1` on VLAN 100 with [`PEER_ADDR`] and [`PEER_MAC`], then
-//! it does what the first VM asks through `peer_link` (detach, attach) until the host stops it. The first VM's case attaches one of its own VFs on VLAN 100
-//! and must reach that address at that MAC: VF to VF across two nodes, by packets; one on
-//! VLAN 200 must not.
+//! it does what the first VM asks through `peer_link` (detach, attach, stop). The first VM's
+//! case attaches one of its own VFs on VLAN 100 and must reach that address at that MAC: VF to
+//! VF across two nodes, by packets; one on VLAN 200 must not.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -122,7 +122,7 @@ fn on_another_vlan(t: &T<'_>) -> String {
 }
 
 /// The second VM's entry point (`--peer-vm`): attach its VF as [`PEER_ADDR`], report, then
-/// carry out the first VM's commands (`peer_link`) until stopped.
+/// carry out the first VM's commands (`peer_link`) until it says stop.
 pub fn main() -> i32 {
     let out = PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into()));
     let report = |v: serde_json::Value| {
@@ -161,7 +161,11 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    crate::peer_link::serve(&out, |cmd| node.carry_out(cmd))
+    let code = crate::peer_link::serve(&out, |cmd| node.carry_out(cmd));
+    if let Err(e) = node.detach() {
+        println!("vm-peer: {e}");
+    }
+    code
 }
 
 /// The second node's one VF and the pod holding it, if any.

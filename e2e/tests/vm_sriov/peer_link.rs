@@ -2,7 +2,9 @@
 //! (`<first VM's out>/peer` on the host, shared with both VMs over 9p, uncached): the first VM
 //! writes `cmd-<n>.json` (renamed into place whole), the second node carries it out and writes
 //! `done-<n>.json` (`{"ok": true, ...}` or `{"ok": false, "error"}`). Commands are numbered from
-//! 1 and carried out in order.
+//! 1 and carried out in order; `{"op":"stop"}` ends the second node (its VM powers off, giving
+//! its CPU back to the cases after). Polling costs a guest CPU under TCG (each look is a 9p
+//! round trip): the second node looks every 10 ms for 30 s after a command, then every 500 ms.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -44,15 +46,24 @@ pub fn send(cmd: &Value, limit: Duration) -> Result<Value, String> {
     }
 }
 
-/// The second node's side: carry out each command in `out` with `f`, forever.
+/// Send the second node `{"op":"stop"}`: it answers, then its VM powers off.
+pub fn stop() -> Result<(), String> {
+    send(&json!({"op": "stop"}), Duration::from_secs(30)).map(|_| ())
+}
+
+/// The second node's side: carry out each command in `out` with `f` until `stop`.
 pub fn serve(out: &Path, mut f: impl FnMut(&Value) -> Result<Value, String>) -> i32 {
     let mut n = 1u32;
+    let mut last = Instant::now();
     loop {
         let Some(cmd) = read_json(&out.join(format!("cmd-{n}.json"))) else {
-            std::thread::sleep(Duration::from_millis(5));
+            let idle = last.elapsed() > Duration::from_secs(30);
+            std::thread::sleep(Duration::from_millis(if idle { 500 } else { 10 }));
             continue;
         };
-        let answer = match f(&cmd) {
+        last = Instant::now();
+        let stop = cmd["op"] == "stop";
+        let answer = match if stop { Ok(json!({})) } else { f(&cmd) } {
             Ok(mut v) => {
                 v["ok"] = json!(true);
                 v
@@ -63,6 +74,9 @@ pub fn serve(out: &Path, mut f: impl FnMut(&Value) -> Result<Value, String>) -> 
         let tmp = out.join(format!(".done-{n}.json"));
         if std::fs::write(&tmp, answer.to_string()).is_ok() {
             let _ = std::fs::rename(&tmp, out.join(format!("done-{n}.json")));
+        }
+        if stop {
+            return 0;
         }
         n += 1;
     }
