@@ -503,8 +503,10 @@ plans_with_secondaries() {
 	[ -d "$STATE_DIR/plans" ] || return 0
 	for p in "$STATE_DIR"/plans/*.json; do
 		[ -f "$p" ] || continue
-		# A plan that cannot be read is waited on too: plexus' DEL knows what to do with it.
+		# A plan that cannot be read is waited on too: plexus' DEL knows what to do with it
+		# (one that a DEL removed meanwhile is not).
 		if ! jq -e '[.attachments[]? | select(.isDefault != true)] | length == 0' "$p" >/dev/null 2>&1; then
+			[ -f "$p" ] || continue
 			jq -r '(.pod.namespace // "?") + "/" + (.pod.name // "?") + " (" + (.containerId // "?") + ")"' "$p" 2>/dev/null || echo "$p"
 		fi
 	done
@@ -530,21 +532,26 @@ uninstall() {
 		fi
 		# Calls that started under the previous config save their plans first.
 		sleep "$SETTLE"
-		waited=0
 		clear=0
+		said=
+		said_at=0
 		while [ "$clear" -lt 2 ]; do
 			left=$(plans_with_secondaries)
 			if [ -z "$left" ]; then
 				clear=$((clear + 1))
 			else
 				clear=0
-				if [ $((waited % 60)) -eq 0 ]; then
+				# Say who is waited for when that changes, and at least every 30 s (wall clock:
+				# on a loaded node one pass takes longer than its 2 s sleep).
+				now=$(date +%s)
+				if [ "$left" != "$said" ] || [ $((now - said_at)) -ge 30 ]; then
 					log "waiting for $(printf '%s\n' "$left" | wc -l) pod(s) with secondary networks to be deleted: $(printf '%s\n' "$left" | head -n 5 | tr '\n' ' ')"
+					said=$left
+					said_at=$now
 				fi
 			fi
 			[ "$clear" -ge 2 ] && break
 			sleep 2
-			waited=$((waited + 2))
 		done
 		# containerd 1.6 reloads on the remove event: the primary config is first again.
 		rm -f "$CONF_DIR/00-plexus.conflist" "$CONF_DIR/00-plexus.conf"

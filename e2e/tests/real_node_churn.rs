@@ -61,6 +61,11 @@ use pods::{median, wait_until_plexus_is_in_the_path};
 
 const NS: &str = "app";
 
+/// How long an installer may take to write its ready file.
+const INSTALL_READY: Duration = Duration::from_secs(120);
+/// The same for `--uninstall`, which waits for the pods with secondary networks to be deleted.
+const UNINSTALL_READY: Duration = Duration::from_secs(300);
+
 /// Churn before and after each operation.
 const BEFORE: Duration = Duration::from_secs(8);
 const AFTER: Duration = Duration::from_secs(12);
@@ -341,7 +346,7 @@ impl<'a> Tier<'a> {
         binaries: &[(&str, PathBuf)],
         extra: Value,
     ) -> Result<()> {
-        self.run_installer_script(daemonset, None, binaries, extra)
+        self.run_installer_script(daemonset, None, binaries, extra, INSTALL_READY)
     }
 
     /// [`Tier::run_installer`] with another build's install.sh (`None`: this tree's).
@@ -351,6 +356,7 @@ impl<'a> Tier<'a> {
         script: Option<PathBuf>,
         binaries: &[(&str, PathBuf)],
         extra: Value,
+        ready_within: Duration,
     ) -> Result<()> {
         if let Some(mut old) = self.installer.take() {
             old.stop(Duration::from_secs(10));
@@ -372,11 +378,9 @@ impl<'a> Tier<'a> {
         let _ = std::fs::remove_file(&ready);
         let proc = install.spawn(self.cp, &self.node, &self.token, binaries, &cfg)?;
         self.installer = Some(proc);
-        wait_for(
-            "the installer's ready file",
-            Duration::from_secs(120),
-            || Ok(ready.exists()),
-        )
+        wait_for("the installer's ready file", ready_within, || {
+            Ok(ready.exists())
+        })
         .with_context(|| plexus_e2e::realk8s::tail(&self.node.path("installer.log"), 20))
     }
 
@@ -437,6 +441,7 @@ impl<'a> Tier<'a> {
             Some(prev.join("install.sh")),
             &binaries,
             json!({}),
+            INSTALL_READY,
         )?;
         ensure!(
             std::fs::read(self.node.bin_dir().join("plexus"))?
@@ -504,7 +509,15 @@ impl<'a> Tier<'a> {
     fn uninstall(&mut self) -> Result<()> {
         self.cp
             .apply_file(&repo("deploy/uninstall/plexus-uninstall.yaml"))?;
-        self.run_installer("kube-plexus-ds", &self.binaries(true), json!({}))?;
+        // It is ready only once every pod that has a secondary network is deleted: the churn's
+        // pods, at the kubelet's pace on a loaded node.
+        self.run_installer_script(
+            "kube-plexus-ds",
+            None,
+            &self.binaries(true),
+            json!({}),
+            UNINSTALL_READY,
+        )?;
         let log = std::fs::read_to_string(self.node.path("installer.log"))?;
         ensure!(
             log.contains("uninstalled"),

@@ -419,6 +419,7 @@ impl<'a> Node<'a> {
                 .status();
         }
         self.remove_cgroup_root();
+        stale::after_stop(self.dir.path());
         remove_links_into("/var/log/containers", self.dir.path());
         let _ = self.cp.kubectl(&[
             "delete",

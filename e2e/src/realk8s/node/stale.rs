@@ -61,6 +61,7 @@ pub(super) fn sweep_dead_runs(own: &Path) {
     }
     if !any_live {
         remove_empty_cni_netns(&processes());
+        remove_per_container_nat();
     }
     remove_dead_runs_links();
     for d in dirs_with_prefix(&tmp, "plexus-k8s-") {
@@ -68,6 +69,85 @@ pub(super) fn sweep_dead_runs(own: &Path) {
         if !procs.iter().any(|p| p.args.iter().any(|a| a.contains(&s))) {
             let _ = std::fs::remove_dir_all(&d);
         }
+    }
+}
+
+/// At a node's stop, when no other test node is alive: the per-container NAT chains left by
+/// the peers the tiers measure (Multus leaves a hundred per churn row) go with the node.
+pub(super) fn after_stop(own: &Path) {
+    let own = own.display().to_string();
+    let others = processes().iter().any(|p| {
+        matches!(p.name.as_str(), "containerd" | "kubelet")
+            && p.args
+                .iter()
+                .any(|a| a.contains("/plexus-node-") && !a.contains(&own))
+    });
+    if !others {
+        remove_per_container_nat();
+    }
+}
+
+/// Whether `chain` is a CNI plugin's per-container NAT chain: bridge's `ipMasq` chain
+/// (`CNI-<24 hex>`) or portmap's DNAT chain (`CNI-DN-<hex>`).
+fn per_container_chain(chain: &str) -> bool {
+    let hex = chain
+        .strip_prefix("CNI-DN-")
+        .or_else(|| chain.strip_prefix("CNI-"));
+    hex.is_some_and(|h| h.len() >= 16 && h.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// The `iptables-restore --noflush` input that removes the per-container chains of a
+/// `iptables-save -t nat` dump and every rule jumping to them (empty: none).
+fn nat_cleanup_script(dump: &str) -> String {
+    let chains: Vec<&str> = dump
+        .lines()
+        .filter_map(|l| l.strip_prefix(':')?.split(' ').next())
+        .filter(|c| per_container_chain(c))
+        .collect();
+    if chains.is_empty() {
+        return String::new();
+    }
+    let mut script = String::from("*nat\n");
+    for l in dump.lines().filter(|l| l.starts_with("-A ")) {
+        let target = l.rsplit_once(" -j ").map(|(_, t)| t.trim());
+        if target.is_some_and(|t| chains.contains(&t)) {
+            script.push_str(&format!("-D {}\n", &l[3..]));
+        }
+    }
+    for c in &chains {
+        script.push_str(&format!("-F {c}\n-X {c}\n"));
+    }
+    script.push_str("COMMIT\n");
+    script
+}
+
+/// Remove the per-container NAT chains CNI plugins left in the host's table, with the rules
+/// jumping to them: thousands of them (runs killed, peers' leaks, kept across runs on one
+/// machine) make every later iptables call slow (nf_tables reads the whole table each time),
+/// enough for the bridge plugin's `ipMasq` to time out under churn.
+fn remove_per_container_nat() {
+    let Ok(out) = Command::new("iptables-save").args(["-t", "nat"]).output() else {
+        return;
+    };
+    let script = nat_cleanup_script(&String::from_utf8_lossy(&out.stdout));
+    if script.is_empty() {
+        return;
+    }
+    let n = script.lines().filter(|l| l.starts_with("-X ")).count();
+    let restored = Command::new("iptables-restore")
+        .arg("--noflush")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().map(|mut i| i.write_all(script.as_bytes()));
+            c.wait()
+        });
+    match restored {
+        Ok(st) if st.success() => {
+            eprintln!("realk8s: removed {n} leftover per-container NAT chains")
+        }
+        other => eprintln!("realk8s: removing {n} leftover NAT chains failed: {other:?}"),
     }
 }
 
@@ -212,7 +292,38 @@ fn remove_dead_runs_links() {
 
 #[cfg(test)]
 mod tests {
-    use super::link_owner;
+    use super::{link_owner, nat_cleanup_script};
+
+    #[test]
+    fn nat_cleanup_removes_per_container_chains_and_their_jumps_only() {
+        let dump = r#"*nat
+:PREROUTING ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:CNI-HOSTPORT-DNAT - [0:0]
+:CNI-18a7fc6da3589bc0eea7b6c8 - [0:0]
+:CNI-DN-1c7bd3d1ab6e4e5b8a4f0 - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+-A POSTROUTING -m comment --comment "CNI portfwd requiring masquerade" -j CNI-HOSTPORT-MASQ
+-A POSTROUTING -s 10.242.0.153/32 -m comment --comment "name: \"cbr0\" id: \"6a05\"" -j CNI-18a7fc6da3589bc0eea7b6c8
+-A CNI-18a7fc6da3589bc0eea7b6c8 -d 10.242.0.0/24 -j ACCEPT
+-A CNI-HOSTPORT-DNAT -p tcp -j CNI-DN-1c7bd3d1ab6e4e5b8a4f0
+COMMIT
+"#;
+        let s = nat_cleanup_script(dump);
+        assert_eq!(
+            s,
+            "*nat\n\
+             -D POSTROUTING -s 10.242.0.153/32 -m comment --comment \"name: \\\"cbr0\\\" id: \\\"6a05\\\"\" -j CNI-18a7fc6da3589bc0eea7b6c8\n\
+             -D CNI-HOSTPORT-DNAT -p tcp -j CNI-DN-1c7bd3d1ab6e4e5b8a4f0\n\
+             -F CNI-18a7fc6da3589bc0eea7b6c8\n-X CNI-18a7fc6da3589bc0eea7b6c8\n\
+             -F CNI-DN-1c7bd3d1ab6e4e5b8a4f0\n-X CNI-DN-1c7bd3d1ab6e4e5b8a4f0\n\
+             COMMIT\n"
+        );
+        assert_eq!(
+            nat_cleanup_script("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"),
+            ""
+        );
+    }
 
     #[test]
     fn link_owner_reads_the_pid_of_test_links_only() {
