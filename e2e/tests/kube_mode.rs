@@ -823,8 +823,27 @@ fn del_without_a_plan_does_not_wait_for_a_down_api() {
 /// nothing is left, even from a slow plugin.
 #[test]
 fn sigkill_mid_add_then_del_leaves_nothing() {
+    sigkill_mid_add_then_del(47, "(sleep 1.5; echo lease > $d/lease-$CNI_CONTAINERID) &");
+}
+
+/// The same, when what the killed ADD set going is out of any DEL's reach and lands after the
+/// runtime's DEL (an API server carrying out an IPAM plugin's last request, its client gone):
+/// here a process without the CNI environment records the lease 1 s later. The DEL after an
+/// interrupted ADD deletes once more after settling: nothing is left.
+#[test]
+fn sigkill_mid_add_a_late_write_is_deleted_by_the_second_del() {
+    sigkill_mid_add_then_del(
+        48,
+        "setsid env -i /bin/sh -c \"sleep 1; echo lease > $d/lease-$CNI_CONTAINERID\" &\n  \
+         sleep 30 &",
+    );
+}
+
+/// Kill plexus while its delegate's ADD runs `ipam` (shell, `$d` the lease dir; the last
+/// background job's pid is recorded as the IPAM's), then the runtime's DEL; no lease is left.
+fn sigkill_mid_add_then_del(octet: u8, ipam: &str) {
     use std::io::Write as _;
-    let node = Node::new(47);
+    let node = Node::new(octet);
     let plugins = node.path("slowbin");
     let leases = node.path("slowleases");
     std::fs::create_dir_all(&plugins).unwrap();
@@ -835,7 +854,7 @@ fn sigkill_mid_add_then_del_leaves_nothing() {
         format!(
             "#!/bin/sh\nd={}\ncase \"$CNI_COMMAND\" in\n\
              ADD) cat >/dev/null; echo $$ > $d/plugin.pid\n  \
-             (sleep 1.5; echo lease > $d/lease-$CNI_CONTAINERID) &\n  \
+             {ipam}\n  \
              echo $! > $d/ipam.pid; wait; echo '{{\"cniVersion\":\"1.0.0\"}}' ;;\n\
              DEL) rm -f $d/lease-$CNI_CONTAINERID ;;\n\
              VERSION) echo '{{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.4.0\",\"1.0.0\"]}}' ;;\n\

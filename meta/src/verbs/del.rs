@@ -121,13 +121,15 @@ fn del_container(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Resu
     // that finished its ADD left a cached result, so only a plan with an attachment but no
     // cached result can have an interrupted delegate (and its children) still running: the
     // /proc scan stays off the common DEL path.
-    if let Some(s) = saved
+    let interrupted = saved
         .as_ref()
         .filter(|s| lock.is_some() && !s.netns.is_empty())
-        .filter(|s| add_may_have_been_interrupted(ctx, &args.container_id, s))
-    {
+        .filter(|s| add_may_have_been_interrupted(ctx, &args.container_id, s));
+    if let Some(s) = interrupted {
         kill_orphaned_adds(Path::new("/proc"), &args.container_id, &s.netns);
     }
+    // Only with a result cache does a missing result tell an interrupted ADD apart.
+    let interrupted = interrupted.is_some() && ctx.runtime.cache.is_some();
     let (mut record, netns) = match saved {
         Some(s) => {
             let netns = pick_netns(&args.netns, &s.netns);
@@ -178,6 +180,9 @@ fn del_container(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Resu
         &label,
     ) {
         Ok(()) => {
+            if interrupted {
+                del_again_after_settling(ctx, &record, &args.container_id, &netns, &label);
+            }
             crate::devices::devinfo::remove(&record.attachments);
             crate::report::claims::release_network_data(ctx, &record.attachments);
             crate::address_guard::release(ctx, record.pod.as_ref(), &record.claims);
@@ -201,6 +206,37 @@ fn del_container(ctx: &mut Ctx, inputs: &mut dyn Inputs, args: &CmdArgs) -> Resu
             drop(lock);
             Err(e)
         }
+    }
+}
+
+/// How long a DEL after an interrupted ADD waits before it runs the delegates' DEL once more.
+pub const INTERRUPTED_ADD_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// After an interrupted ADD (its plexus or daemon killed mid-delegate), the killed delegates'
+/// last API writes can still land after the first DEL: a request the API server had received
+/// is carried out though its client is gone, and on a loaded server that takes a while. A CI
+/// run on a loaded host leaked one calico IPAM handle after the daemon was SIGKILLed under
+/// churn (not reproduced since; this is the likely way). So this rare path settles, then
+/// deletes once more (DEL is idempotent); a failure then is logged, the first DEL having
+/// succeeded.
+fn del_again_after_settling(
+    ctx: &Ctx,
+    record: &SavedPlan,
+    container_id: &str,
+    netns: &str,
+    label: &str,
+) {
+    std::thread::sleep(INTERRUPTED_ADD_SETTLE);
+    if let Err(e) = attach::del_all(
+        &ctx.runtime,
+        &record.attachments,
+        container_id,
+        netns,
+        label,
+    ) {
+        tracing::warn!(error = %e, "second DEL after an interrupted ADD failed");
+    } else {
+        tracing::info!(container = %container_id, "deleted again after an interrupted ADD");
     }
 }
 
