@@ -9,7 +9,8 @@
 # The kernel command line tells /init what to run: plexus.run=<absolute path in the host root>,
 # plexus.out=<host directory shared writable as mount tag "out">, plexus.args=<one argument>,
 # plexus.cases=<comma-separated case-name filters, passed on as PLEXUS_VM_CASES>,
-# plexus.peer=<the second node's VF address, passed on as PLEXUS_VM_PEER>.
+# plexus.peer=<the second node's VF address, passed on as PLEXUS_VM_PEER>,
+# plexus.peernode=1 when the second node runs a kubelet (PLEXUS_VM_PEER_NODE).
 set -euo pipefail
 tree="$(readlink -f "$1")"
 out="$2"
@@ -77,6 +78,7 @@ outdir="$(arg plexus.out)"
 args="$(arg plexus.args)"
 cases="$(arg plexus.cases)"
 peer="$(arg plexus.peer)"
+peernode="$(arg plexus.peernode)"
 o=trans=virtio,version=9p2000.L,msize=512000
 if ! mount -t 9p -o "$o,cache=loose,ro" hostroot /host; then
   echo "vm-init: cannot mount the host root over 9p"; poweroff -f
@@ -110,7 +112,8 @@ mkdir -p "/host$outdir" 2>/dev/null
 mount -t 9p -o "$o" out "/host$outdir" || echo "vm-init: cannot mount the out share"
 echo "vm-init: running $run $args"
 chroot /host /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  HOME=/root PLEXUS_VM_OUT="$outdir" PLEXUS_VM_CASES="$cases" PLEXUS_VM_PEER="$peer" "$run" $args
+  HOME=/root PLEXUS_VM_OUT="$outdir" PLEXUS_VM_CASES="$cases" PLEXUS_VM_PEER="$peer" \
+  PLEXUS_VM_PEER_NODE="$peernode" "$run" $args
 echo "$?" >"/host$outdir/exit-code"
 echo "vm-init: done"
 umount "/host$outdir"

@@ -64,9 +64,15 @@ fn replica_moves(t: &T<'_>) {
     let announced = move_once(t, &client, true);
     let silent = move_once(t, &client, false);
     let del = t.dir.sriov("DEL", "client", &client.path(), &conf);
-    // The last case with the second node (guest.rs runs it after `peer`'s): its VM powers off
-    // and leaves the CPU to the node cases.
-    let stopped = peer_link::stop();
+    // The last delegate case with the second node (guest.rs runs it after `peer`'s). With
+    // the node cases it becomes a kubelet node now, beside this VM's node (cases_node's
+    // two-node case waits for it); otherwise its VM powers off and leaves the CPU to the rest.
+    let stopped = if std::env::var("PLEXUS_VM_PEER_NODE").as_deref() == Ok("1") {
+        peer_link::post(&json!({"op": "start_node"}))
+            .map(|n| drop(peer_link::NODE_STARTING.set(n)))
+    } else {
+        peer_link::stop()
+    };
     let announced = announced.expect("move with the announcement");
     let silent = silent.expect("move without the announcement");
     for (m, how) in [(&announced, "with"), (&silent, "without")] {

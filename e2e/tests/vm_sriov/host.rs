@@ -129,8 +129,16 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
     if !st.success() {
         return Err("scripts/vm-initramfs.sh failed".into());
     }
-    // The node cases' control plane (None: no PLEXUS_K8S_BIN); it outlives QEMU.
-    let node = crate::node_host::prepare(&out).map_err(|e| format!("node cases: {e:#}"))?;
+    // The second node: its own VM (see below), its out share made now for the node files.
+    let peer_wanted = std::env::var("PLEXUS_VM_PEER_VM").as_deref() != Ok("0");
+    let peer_dir = out.join("peer");
+    if peer_wanted {
+        std::fs::create_dir_all(&peer_dir).map_err(|e| format!("{}: {e}", peer_dir.display()))?;
+    }
+    // The node cases' control plane (None: no PLEXUS_K8S_BIN); it outlives QEMU. With the
+    // second VM, that VM is a node too.
+    let node = crate::node_host::prepare(&out, peer_wanted.then_some(peer_dir.as_path()))
+        .map_err(|e| format!("node cases: {e:#}"))?;
     if node.is_none() {
         println!(
             "vm_sriov: node cases skipped: {}",
@@ -160,7 +168,6 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
         append += &format!(" plexus.cases={}", f.replace(' ', ""));
     }
     // The second node: its own VM, its PF's wire on a port of this VM's hub (UDP on 127.0.0.1).
-    let peer_wanted = std::env::var("PLEXUS_VM_PEER_VM").as_deref() != Ok("0");
     let (mut extra, mut peer) = (
         node.as_ref()
             .map(|n| n.qemu_args.clone())
@@ -175,8 +182,11 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
             "-netdev".to_string(),
             "hubport,id=w2,hubid=0,netdev=peer".to_string(),
         ]);
-        let dir = out.join("peer");
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let dir = peer_dir.clone();
+        let peer_node = node.as_ref().and_then(|n| n.second_qemu_args.clone());
+        if peer_node.is_some() {
+            append += " plexus.peernode=1";
+        }
         let peer_append = format!(
             "console=ttyS0 panic=-1 no_timer_check loglevel=4 plexus.run={} plexus.out={} plexus.keep={keep} plexus.args=--peer-vm",
             exe.display(),
@@ -189,8 +199,8 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
             &peer_append,
             &accel,
             &dir,
-            there,
-            here,
+            (there, here),
+            peer_node.as_deref(),
         )?);
         append += &format!(" plexus.peer={}", crate::peer::PEER_ADDR);
     }
@@ -287,10 +297,7 @@ fn run_vm(parts: &Parts) -> Result<(), String> {
 
 /// A free UDP port on 127.0.0.1 (bound, then released for QEMU).
 fn free_udp_port() -> Result<u16, String> {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free UDP port: {e}"))
+    crate::node_host::free_udp_port().map_err(|e| format!("no free UDP port: {e}"))
 }
 
 /// QEMU under a parent-death signal (it dies with this process even when that is killed).
@@ -306,18 +313,22 @@ fn qemu_command(qemu: &Path) -> Command {
 }
 
 /// Starts the second node (see `peer`): a small VM, one CPU, no IOMMU, its igb PF's wire a UDP
-/// datagram link from `port` to `peer_port` on 127.0.0.1, its console in `dir`. Killed on drop.
+/// datagram link between `ports` (its own, the first VM's) on 127.0.0.1, its console in `dir`.
+/// With `node` (its NICs to the apiserver and to the first VM) it is sized for a kubelet.
+/// Killed on drop.
 fn boot_peer(
     parts: &Parts,
     initrd: &Path,
     append: &str,
     accel: &str,
     dir: &Path,
-    port: u16,
-    peer_port: u16,
+    (port, peer_port): (u16, u16),
+    node: Option<&[String]>,
 ) -> Result<Vm, String> {
+    let mem = if node.is_some() { "3072" } else { "768" };
     let child = qemu_command(&parts.qemu)
-        .args(["-accel", accel, "-machine", "q35", "-m", "768", "-smp", "1"])
+        .args(["-accel", accel, "-machine", "q35", "-m", mem, "-smp", "1"])
+        .args(node.unwrap_or_default())
         .args(["-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot"])
         // The same VF BAR workaround as the first VM (see `Boot::run`).
         .args(["-global", "q35-pcihost.pci-hole64-size=0"])

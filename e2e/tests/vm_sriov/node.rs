@@ -35,6 +35,8 @@ pub struct Node {
     pub name: String,
     /// `node.json` from the host.
     pub cfg: Value,
+    /// The address the kubelet reports (`--node-ip`).
+    node_ip: String,
     procs: Vec<(String, Child)>,
 }
 
@@ -96,6 +98,22 @@ fn pipe(mut from: TcpStream, mut to: TcpStream) {
     let _ = to.shutdown(std::net::Shutdown::Write);
     let mut sink = [0u8; 1];
     let _ = from.read(&mut sink);
+}
+
+/// The VM's address on QEMU's user network (the way to the apiserver).
+const API_IP: &str = "10.0.2.15";
+
+/// The netdev with MAC `mac` (QEMU's `-device …,mac=`).
+fn nic_by_mac(mac: &str) -> Result<String, String> {
+    for e in std::fs::read_dir("/sys/class/net").map_err(|e| e.to_string())? {
+        let n = e.map_err(|e| e.to_string())?.file_name();
+        let n = n.to_string_lossy().into_owned();
+        let a = std::fs::read_to_string(format!("/sys/class/net/{n}/address")).unwrap_or_default();
+        if a.trim().eq_ignore_ascii_case(mac) {
+            return Ok(n);
+        }
+    }
+    Err(format!("no NIC with MAC {mac} in the VM"))
 }
 
 /// The netdev driven by virtio_net (the node's own NIC).
@@ -169,6 +187,7 @@ impl Node {
         let mut node = Node {
             name: cfg["name"].as_str().unwrap_or("vm-node").to_string(),
             cfg,
+            node_ip: API_IP.into(),
             procs: Vec::new(),
         };
         for d in [
@@ -208,11 +227,35 @@ impl Node {
         self.cfg[k].as_str().unwrap_or_default().to_string()
     }
 
+    /// This node's pod CIDR (node.json `pod_cidr`; one node alone: 10.244.0.0/24).
+    fn pod_cidr(&self) -> String {
+        self.cfg["pod_cidr"]
+            .as_str()
+            .unwrap_or("10.244.0.0/24")
+            .to_string()
+    }
+
     fn boot(&mut self, t0: Instant) -> Result<(), String> {
-        let nic = node_nic()?;
-        sh(&["ip", "addr", "add", "10.0.2.15/24", "dev", &nic])?;
-        sh(&["ip", "link", "set", &nic, "up"])?;
+        // The NIC to the apiserver (QEMU's user network); with two nodes (`node_mac`,
+        // `node_ip` in node.json) a second NIC between the VMs carries the node traffic
+        // (flannel's VXLAN), each NIC found by its MAC.
+        let api_nic = match self.cfg["api_mac"].as_str() {
+            Some(mac) => nic_by_mac(mac)?,
+            None => node_nic()?,
+        };
+        sh(&["ip", "addr", "add", &format!("{API_IP}/24"), "dev", &api_nic])?;
+        sh(&["ip", "link", "set", &api_nic, "up"])?;
         sh(&["ip", "route", "add", "default", "via", "10.0.2.2"])?;
+        let nic = match (self.cfg["node_mac"].as_str(), self.cfg["node_ip"].as_str()) {
+            (Some(mac), Some(cidr)) => {
+                let n = nic_by_mac(mac)?;
+                sh(&["ip", "addr", "add", cidr, "dev", &n])?;
+                sh(&["ip", "link", "set", &n, "up"])?;
+                self.node_ip = cidr.split('/').next().unwrap_or(cidr).to_string();
+                n
+            }
+            _ => api_nic,
+        };
         let port = self.cfg["port"].as_u64().unwrap_or(0) as u16;
         relay(port)?;
         let sys = |k: &str, v: &str| crate::vf::write_sys(&format!("/proc/sys/{k}"), v);
@@ -257,7 +300,7 @@ impl Node {
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"podCIDR":"10.244.0.0/24","podCIDRs":["10.244.0.0/24"]}}"#,
+            &json!({"spec":{"podCIDR":self.pod_cidr(),"podCIDRs":[self.pod_cidr()]}}).to_string(),
         ])?;
         std::fs::write(
             p("net-conf.json"),
@@ -271,6 +314,7 @@ impl Node {
                 "--kube-subnet-mgr".into(),
                 format!("--kubeconfig-file={}", p("admin.kubeconfig").display()),
                 format!("--iface={nic}"),
+                format!("--public-ip={}", self.node_ip),
                 "--ip-masq=false".into(),
                 format!("--net-config-path={}", p("net-conf.json").display()),
                 "--subnet-file=/run/flannel/subnet.env".into(),
@@ -332,7 +376,8 @@ impl Node {
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"taints":null}}"#,
+            &json!({"spec":{"taints":self.cfg.get("taints").cloned().unwrap_or(Value::Null)}})
+                .to_string(),
         ])?;
         let t_ready = t0.elapsed();
 
@@ -440,7 +485,7 @@ impl Node {
                 format!("--config={}", p("kubelet.yaml").display()),
                 format!("--kubeconfig={}", p("kubelet.kubeconfig").display()),
                 format!("--hostname-override={}", self.name),
-                "--node-ip=10.0.2.15".into(),
+                format!("--node-ip={}", self.node_ip),
                 "--root-dir=/var/lib/kubelet".into(),
                 format!("--cert-dir={}", p("kubelet-pki").display()),
                 "--v=2".into(),

@@ -23,10 +23,20 @@ use crate::common::bin_dir;
 /// Guest-side address QEMU's guestfwd listens on.
 pub const GUEST_FWD_IP: &str = "10.0.2.100";
 
+/// MACs of the two nodes' NICs when a second node runs: the first VM's (`a`) and the second's
+/// (`b`) NIC to the apiserver (user network) and NIC between them (node network).
+const API_MAC: [&str; 2] = ["52:54:00:27:0a:03", "52:54:00:27:0b:03"];
+const NODE_MAC: [&str; 2] = ["52:54:00:27:0a:02", "52:54:00:27:0b:02"];
+/// The taint the second node carries (pods reach it by `nodeName` only).
+pub const SECOND_NODE_TAINT: &str = "plexus.cni.io/second-test-node";
+
 /// The running control plane; dropping it stops everything (after QEMU has gone).
 pub struct NodeHost {
     /// Extra QEMU arguments (the second NIC and its user network).
     pub qemu_args: Vec<String>,
+    /// The second node's QEMU arguments, when asked for: its NIC to the apiserver and the
+    /// node network to the first VM.
+    pub second_qemu_args: Option<Vec<String>>,
     // Drop order: processes before the control plane.
     _scheduler: Option<Proc>,
     _controller_manager: Option<Proc>,
@@ -35,7 +45,11 @@ pub struct NodeHost {
 
 /// `Ok(None)`: no `PLEXUS_K8S_BIN` (the node cases are skipped, with a note, unless
 /// `PLEXUS_K8S_REQUIRE=1`, which makes that an error).
-pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
+///
+/// With `second` (the second VM's out share) a second node's files go to `<second>/node/`, and
+/// both nodes get a node network between them (a `-netdev dgram` pair on 127.0.0.1) for
+/// flannel's VXLAN.
+pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
     let Some(bins) = K8sBins::from_env()? else {
         if plexus_e2e::realk8s::bins::required() {
             anyhow::bail!(
@@ -104,7 +118,7 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
     let dir = out.join("node");
     std::fs::create_dir_all(&dir)?;
     let token = cp.create_token("kube-system", "plexus")?;
-    std::fs::write(dir.join("plexus.token"), token)?;
+    std::fs::write(dir.join("plexus.token"), &token)?;
     std::fs::write(dir.join("ca.crt"), cp.ca_pem())?;
     let name = format!("vm-sriov-{}", std::process::id());
     let cert = cp.client_cert(&format!("system:node:{name}"), Some("system:nodes"))?;
@@ -112,7 +126,7 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
     cp.write_kubeconfig(&dir.join("admin.kubeconfig"), cp.admin_token())?;
     pause::build_image(&dir.join("pause-work"), &dir.join("pause.tar"))?;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cfg = json!({
+    let mut cfg = json!({
         "name": name,
         "port": cp.port(),
         "kubelet": bins.kubelet,
@@ -126,26 +140,79 @@ pub fn prepare(out: &Path) -> Result<Option<NodeHost>> {
         "install_sh": repo.join("deploy/install.sh").canonicalize()?,
         "target": target_dir(),
     });
+    let port = cp.port();
+    let api_netdev = |mac: Option<&str>| {
+        let device = match mac {
+            Some(m) => format!("virtio-net-pci,netdev=n1,mac={m}"),
+            None => "virtio-net-pci,netdev=n1".to_string(),
+        };
+        vec![
+            "-netdev".to_string(),
+            format!("user,id=n1,restrict=on,net=10.0.2.0/24,guestfwd=tcp:{GUEST_FWD_IP}:{port}-cmd:busybox nc 127.0.0.1 {port}"),
+            "-device".to_string(),
+            device,
+        ]
+    };
+    let mut qemu_args = api_netdev(None);
+    let mut second_qemu_args = None;
+    if let Some(second) = second {
+        let ports = [free_udp_port()?, free_udp_port()?];
+        let node_net = |i: usize| {
+            vec![
+                "-netdev".to_string(),
+                format!("dgram,id=nodenet,local.type=inet,local.host=127.0.0.1,local.port={},remote.type=inet,remote.host=127.0.0.1,remote.port={}", ports[i], ports[1 - i]),
+                "-device".to_string(),
+                format!("virtio-net-pci,netdev=nodenet,mac={}", NODE_MAC[i]),
+            ]
+        };
+        qemu_args = api_netdev(Some(API_MAC[0]));
+        qemu_args.extend(node_net(0));
+        let mut b = api_netdev(Some(API_MAC[1]));
+        b.extend(node_net(1));
+        second_qemu_args = Some(b);
+        let two = |i: usize| {
+            json!({"api_mac": API_MAC[i], "node_mac": NODE_MAC[i],
+                   "node_ip": format!("10.0.3.{}/24", i + 1),
+                   "pod_cidr": format!("10.244.{i}.0/24")})
+        };
+        for (k, v) in two(0).as_object().into_iter().flatten() {
+            cfg[k] = v.clone();
+        }
+        // The second node: its own name and kubelet certificate, the rest as the first's.
+        let bdir = second.join("node");
+        std::fs::create_dir_all(&bdir)?;
+        let bname = format!("{name}-b");
+        let bcert = cp.client_cert(&format!("system:node:{bname}"), Some("system:nodes"))?;
+        cp.write_cert_kubeconfig(&bdir.join("kubelet.kubeconfig"), &bcert)?;
+        for f in ["plexus.token", "ca.crt", "admin.kubeconfig", "pause.tar"] {
+            std::fs::copy(dir.join(f), bdir.join(f))?;
+        }
+        let mut bcfg = cfg.clone();
+        bcfg["name"] = json!(bname);
+        // The first node's cases leave their pods to the scheduler: none may land here.
+        bcfg["taints"] = json!([{"key": SECOND_NODE_TAINT, "effect": "NoSchedule"}]);
+        for (k, v) in two(1).as_object().into_iter().flatten() {
+            bcfg[k] = v.clone();
+        }
+        std::fs::write(bdir.join("node.json"), serde_json::to_vec_pretty(&bcfg)?)?;
+    }
     std::fs::write(dir.join("node.json"), serde_json::to_vec_pretty(&cfg)?)?;
     std::fs::write(
         dir.join("quickstart-bank.json"),
         quickstart_bank(&cp, &repo)?,
     )?;
-    let port = cp.port();
-    let netdev = format!(
-        "user,id=n1,restrict=on,net=10.0.2.0/24,guestfwd=tcp:{GUEST_FWD_IP}:{port}-cmd:busybox nc 127.0.0.1 {port}"
-    );
     Ok(Some(NodeHost {
-        qemu_args: vec![
-            "-netdev".into(),
-            netdev,
-            "-device".into(),
-            "virtio-net-pci,netdev=n1".into(),
-        ],
+        qemu_args,
+        second_qemu_args,
         _scheduler: Some(sched),
         _controller_manager: None,
         _cp: cp,
     }))
+}
+
+/// A free UDP port on 127.0.0.1 (bound, then released for QEMU).
+pub fn free_udp_port() -> Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The DRA driver's CRDs, DeviceClass and a policy that gives the VM's VFs (82576 VF, igbvf)

@@ -147,6 +147,8 @@ pub fn main() -> i32 {
             dir,
             pod: None,
             pods: 0,
+            out: out.clone(),
+            kube: None,
         };
         node.attach(PEER_ADDR, PEER_MAC, true)?;
         Ok(node)
@@ -162,6 +164,9 @@ pub fn main() -> i32 {
         }
     };
     let code = crate::peer_link::serve(&out, |cmd| node.carry_out(cmd));
+    if let Some(mut k) = node.kube.take() {
+        k.stop();
+    }
     if let Err(e) = node.detach() {
         println!("vm-peer: {e}");
     }
@@ -174,6 +179,10 @@ struct Node {
     dir: CaseDir,
     pod: Option<(Netns, String, serde_json::Value)>,
     pods: u32,
+    /// This VM's out share (its `node/node.json` when it is to run a kubelet).
+    out: PathBuf,
+    /// The kubelet node, once started.
+    kube: Option<crate::node::Node>,
 }
 
 impl Node {
@@ -188,6 +197,11 @@ impl Node {
                 cmd["announce"].as_bool().unwrap_or(true),
             )?,
             Some("detach") => self.detach()?,
+            Some("start_node") => {
+                // The VF goes back to the node: sriovdp advertises it.
+                self.detach()?;
+                self.kube = Some(crate::node::Node::start(&self.out)?);
+            }
             other => return Err(format!("unknown op {other:?}")),
         }
         Ok(json!({"ms": t.elapsed().as_secs_f64() * 1000.0}))

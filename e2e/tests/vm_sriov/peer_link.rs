@@ -20,14 +20,28 @@ fn shared() -> PathBuf {
     PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into())).join("peer")
 }
 
+/// The `start_node` command's number, once sent (its answer comes minutes later).
+pub static NODE_STARTING: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
 /// Send `cmd` to the second node and wait up to `limit` for its answer.
 pub fn send(cmd: &Value, limit: Duration) -> Result<Value, String> {
+    let n = post(cmd)?;
+    wait(n, limit)
+}
+
+/// Send `cmd` without waiting; its number, for [`wait`].
+pub fn post(cmd: &Value) -> Result<u32, String> {
     let dir = shared();
     let n = NEXT.fetch_add(1, Ordering::SeqCst);
     let tmp = dir.join(format!(".cmd-{n}.json"));
     std::fs::write(&tmp, cmd.to_string()).map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, dir.join(format!("cmd-{n}.json"))).map_err(|e| e.to_string())?;
-    let done = dir.join(format!("done-{n}.json"));
+    Ok(n)
+}
+
+/// Wait up to `limit` for the answer to command `n`.
+pub fn wait(n: u32, limit: Duration) -> Result<Value, String> {
+    let done = shared().join(format!("done-{n}.json"));
     let t = Instant::now();
     loop {
         if let Some(v) = read_json(&done) {
@@ -39,7 +53,7 @@ pub fn send(cmd: &Value, limit: Duration) -> Result<Value, String> {
         }
         if t.elapsed() > limit {
             return Err(format!(
-                "the second node did not answer {cmd} within {limit:?}"
+                "the second node did not answer command {n} within {limit:?}"
             ));
         }
         std::thread::sleep(Duration::from_millis(5));
