@@ -69,7 +69,9 @@ fn replica_moves(t: &T<'_>) {
     // two-node case waits for it); otherwise its VM powers off and leaves the CPU to the rest.
     let stopped = if std::env::var("PLEXUS_VM_PEER_NODE").as_deref() == Ok("1") {
         peer_link::post(&json!({"op": "start_node"}))
-            .map(|n| drop(peer_link::NODE_STARTING.set(n)))
+            .map(|n| {
+                let _ = peer_link::NODE_STARTING.set(n);
+            })
     } else {
         peer_link::stop()
     };
