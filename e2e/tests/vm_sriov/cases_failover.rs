@@ -68,10 +68,9 @@ fn replica_moves(t: &T<'_>) {
     // the node cases it becomes a kubelet node now, beside this VM's node (cases_node's
     // two-node case waits for it); otherwise its VM powers off and leaves the CPU to the rest.
     let stopped = if std::env::var("PLEXUS_VM_PEER_NODE").as_deref() == Ok("1") {
-        peer_link::post(&json!({"op": "start_node"}))
-            .map(|n| {
-                let _ = peer_link::NODE_STARTING.set(n);
-            })
+        peer_link::post(&json!({"op": "start_node"})).map(|n| {
+            let _ = peer_link::NODE_STARTING.set(n);
+        })
     } else {
         peer_link::stop()
     };

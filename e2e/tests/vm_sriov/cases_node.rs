@@ -94,10 +94,6 @@ const CASES: &[(&str, NodeCase)] = &[
         "node_bank_pod_by_checkpoint_when_pod_resources_is_gone",
         bank_by_checkpoint,
     ),
-    (
-        "two_nodes_pods_reach_each_other_across_nodes_on_flannel",
-        two_nodes_flannel,
-    ),
 ];
 
 /// What the runner records.
@@ -114,7 +110,7 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
             selected(n)
         }
     };
-    if !CASES.iter().any(|(n, _)| selected(n)) {
+    if !CASES.iter().any(|(n, _)| selected(n)) && !crate::cases_two_nodes::wanted(filters) {
         return;
     }
     let t = Instant::now();
@@ -174,6 +170,8 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
                 crate::node::log_tail("kubelet", 10), crate::node::log_tail("plexus", 10))).unwrap_or_default()}),
         );
     }
+    // Last: the second node joins (the bank database across both nodes, a node failing).
+    crate::cases_two_nodes::run(&mut node, pf, outdir, filters, record);
     node.stop();
 }
 
@@ -307,24 +305,7 @@ fn check_device_plugin(uid: &str, pci: &str) -> Result<(), String> {
 
 /// The name of pod `name`'s netns (under /run/netns), from its sandbox.
 fn pod_netns(node: &Node, name: &str) -> Result<String, String> {
-    let uid = node.get(&["-n", NS, "pod", name])?["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
-    let sb = cri
-        .sandboxes(Some(&uid))
-        .map_err(|e| format!("CRI: {e:#}"))?;
-    let sb = sb
-        .iter()
-        .find(|s| s.state == 0)
-        .or(sb.first())
-        .ok_or(format!("no sandbox for {name}"))?;
-    let path = cri.sandbox_netns(&sb.id).map_err(|e| format!("{e:#}"))?;
-    Ok(Path::new(&path)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default())
+    node.pod_netns(NS, name)
 }
 
 fn attached_in_pod_and_pf(pf: &Pf, uid: &str, pci: String, vf: u32) -> Result<Attached, String> {
@@ -927,51 +908,4 @@ fn sandbox_failures(node: &Node, name: &str) -> u64 {
     .iter()
     .map(|e| e["count"].as_u64().unwrap_or(1))
     .sum()
-}
-
-/// A pod with the cluster network only, bound to `node` (no scheduler: the second node is
-/// tainted against the scheduler's placements).
-fn plain_pod(name: &str, node: &str) -> Value {
-    json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":NS},
-        "spec":{"nodeName":node,"automountServiceAccountToken":false,
-            "containers":[{"name":"c","image":"local/pause:1"}]}})
-}
-
-/// The second VM as a kubelet node (peer `start_node`, sent after the failover case): both
-/// Nodes Ready, then a pod on this node pings a pod on the second node across flannel's VXLAN
-/// on the node network between the VMs.
-fn two_nodes_flannel(node: &mut Node, _pf: &Pf, record: Record<'_>) -> Result<(), String> {
-    let Some(&n) = crate::peer_link::NODE_STARTING.get() else {
-        record(json!({"note": "two nodes: the second node was not started (no PLEXUS_VM_PEER_NODE)"}));
-        return Ok(());
-    };
-    let t = Instant::now();
-    crate::peer_link::wait(n, Duration::from_secs(600))?;
-    let b = format!("{}-b", node.name);
-    record(json!({"note": format!(
-        "second node {b} (kubelet, containerd, flanneld, install.sh, sriovdp) ready {:.1} s into this case",
-        t.elapsed().as_secs_f64())}));
-    let (pa, _) = create_running(node, &plain_pod("across-a", &node.name))?;
-    let (pb, _) = create_running(node, &plain_pod("across-b", &b))?;
-    let ip_b = pb["status"]["podIP"].as_str().unwrap_or_default().to_string();
-    let out = (|| {
-        if !ip_b.starts_with("10.244.1.") {
-            return Err(format!("the second node's pod got {ip_b}, not 10.244.1.x"));
-        }
-        let ns = pod_netns(node, "across-a")?;
-        let ping = crate::vf::sh(&["ip", "netns", "exec", &ns, "ping", "-c", "3", "-W", "2", &ip_b]);
-        ping.map_err(|e| {
-            format!(
-                "{} (10.244.0.x) got no answer from {ip_b} on the second node: {e}",
-                pa["status"]["podIP"]
-            )
-        })?;
-        record(json!({"note": format!(
-            "two nodes: a pod on each, {} -> {ip_b} across flannel's VXLAN between the VMs",
-            pa["status"]["podIP"])}));
-        Ok(())
-    })();
-    delete_gone(node, "across-a")?;
-    delete_gone(node, "across-b")?;
-    out
 }

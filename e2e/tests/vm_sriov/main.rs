@@ -33,6 +33,7 @@ mod cases_fidelity;
 mod cases_node;
 mod cases_plexus;
 mod cases_traffic;
+mod cases_two_nodes;
 mod guest;
 mod host;
 mod node;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use plexus_e2e::realk8s::cri::Cri;
 use serde_json::{json, Value};
 
 use crate::vf::{sh, wait_for};
@@ -22,6 +23,8 @@ pub const DIR: &str = "/tmp/node";
 pub const CONF_DIR: &str = "/tmp/node/cni/net.d";
 /// The node's CNI bin dir.
 pub const BIN_DIR: &str = "/tmp/node/cni/bin";
+/// whereabouts' flat config on a node (the NADs' `configuration_path`).
+pub const WHEREABOUTS_CONF: &str = "/tmp/node/cni/net.d/whereabouts.d/whereabouts.conf";
 /// The sriovdp resource.
 pub const RESOURCE: &str = "intel.com/sriov_igb";
 /// The VF device-info files sriovdp writes.
@@ -243,7 +246,14 @@ impl Node {
             Some(mac) => nic_by_mac(mac)?,
             None => node_nic()?,
         };
-        sh(&["ip", "addr", "add", &format!("{API_IP}/24"), "dev", &api_nic])?;
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{API_IP}/24"),
+            "dev",
+            &api_nic,
+        ])?;
         sh(&["ip", "link", "set", &api_nic, "up"])?;
         sh(&["ip", "route", "add", "default", "via", "10.0.2.2"])?;
         let nic = match (self.cfg["node_mac"].as_str(), self.cfg["node_ip"].as_str()) {
@@ -265,6 +275,7 @@ impl Node {
             let _ = std::os::unix::fs::symlink(e.path(), Path::new(BIN_DIR).join(e.file_name()));
         }
         let _ = std::os::unix::fs::symlink(self.s("flannel"), Path::new(BIN_DIR).join("flannel"));
+        self.whereabouts()?;
         // sriov-cni v2.10 under another name, for the side-by-side case.
         let _ =
             std::os::unix::fs::symlink(self.s("sriov_cni"), Path::new(BIN_DIR).join("sriov-cni"));
@@ -496,6 +507,29 @@ impl Node {
         Ok(())
     }
 
+    /// The name (under /run/netns) of the netns of pod `ns/name` on this node, from
+    /// containerd's sandbox (the ready one when there are several).
+    pub fn pod_netns(&self, ns: &str, name: &str) -> Result<String, String> {
+        let uid = self.get(&["-n", ns, "pod", name])?["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let cri = Cri::new(Path::new("/tmp/node/containerd/containerd.sock"));
+        let sb = cri
+            .sandboxes(Some(&uid))
+            .map_err(|e| format!("CRI: {e:#}"))?;
+        let sb = sb
+            .iter()
+            .find(|s| s.state == 0)
+            .or(sb.first())
+            .ok_or(format!("no sandbox for {ns}/{name}"))?;
+        let path = cri.sandbox_netns(&sb.id).map_err(|e| format!("{e:#}"))?;
+        Ok(Path::new(&path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default())
+    }
+
     /// Starts sriovdp with the config for QEMU's 82576 VFs.
     pub fn start_sriovdp(&mut self) -> Result<(), String> {
         let conf = json!({"resourceList":[{"resourceName":"sriov_igb","selectors":[
@@ -575,9 +609,33 @@ impl Node {
         self.procs = keep;
     }
 
+    /// Real whereabouts (two nodes: the clients' pool) when node.json names it: the plugin in
+    /// the CNI bin dir, its flat config (the admin's kubeconfig) under the node's conf dir at
+    /// [`WHEREABOUTS_CONF`], and a NAD policy letting NADs name that directory (plexus' default
+    /// is `/etc/cni/net.d/whereabouts.d`, read-only here).
+    fn whereabouts(&self) -> Result<(), String> {
+        let Some(bin) = self.cfg["whereabouts"].as_str() else {
+            return Ok(());
+        };
+        let _ = std::os::unix::fs::symlink(bin, Path::new(BIN_DIR).join("whereabouts"));
+        let conf = Path::new(WHEREABOUTS_CONF);
+        let dir = conf.parent().unwrap_or(Path::new(CONF_DIR));
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        std::fs::write(
+            conf,
+            json!({"datastore":"kubernetes","kubernetes":{"kubeconfig":p("admin.kubeconfig")},
+                "log_file":p("whereabouts.log"),"log_level":"debug"})
+            .to_string(),
+        )
+        .map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(p("nad-policy")).map_err(|e| e.to_string())?;
+        std::fs::write(p("nad-policy/paths.config"), dir.display().to_string())
+            .map_err(|e| e.to_string())
+    }
+
     fn install(&mut self) -> Result<(), String> {
         let src = self.s("plexus_src");
-        let env: Vec<(&str, String)> = vec![
+        let mut env: Vec<(&str, String)> = vec![
             ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
             ("KUBERNETES_SERVICE_PORT", self.cfg["port"].to_string()),
             ("PLEXUS_SRC_DIR", src),
@@ -589,6 +647,12 @@ impl Node {
             ("PLEXUS_LOG_FILE", p("plexus.log").display().to_string()),
             ("PLEXUS_LOG_LEVEL", "debug".into()),
         ];
+        if p("nad-policy").is_dir() {
+            env.push((
+                "PLEXUS_NAD_POLICY_DIR",
+                p("nad-policy").display().to_string(),
+            ));
+        }
         let mut c = spawn("install", "sh", &[self.s("install_sh")], &env)?;
         let st = c.wait().map_err(|e| e.to_string())?;
         if !st.success() {

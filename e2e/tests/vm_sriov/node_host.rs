@@ -170,6 +170,8 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
         let mut b = api_netdev(Some(API_MAC[1]));
         b.extend(node_net(1));
         second_qemu_args = Some(b);
+        let ipam = PathBuf::from(std::env::var_os("PLEXUS_IPAM_BIN").unwrap_or_default());
+        cfg["whereabouts"] = json!(need(&ipam, "whereabouts")?);
         let two = |i: usize| {
             json!({"api_mac": API_MAC[i], "node_mac": NODE_MAC[i],
                    "node_ip": format!("10.0.3.{}/24", i + 1),
@@ -195,24 +197,101 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
             bcfg[k] = v.clone();
         }
         std::fs::write(bdir.join("node.json"), serde_json::to_vec_pretty(&bcfg)?)?;
+        two_nodes_objects(&cp, &dir, &repo)?;
     }
     std::fs::write(dir.join("node.json"), serde_json::to_vec_pretty(&cfg)?)?;
     std::fs::write(
         dir.join("quickstart-bank.json"),
         quickstart_bank(&cp, &repo)?,
     )?;
+    // Two nodes run the bank's StatefulSet and its client Deployment: their controllers.
+    let controller_manager = match second {
+        Some(_) => Some(controllers(&cp, &bins)?),
+        None => None,
+    };
     Ok(Some(NodeHost {
         qemu_args,
         second_qemu_args,
         _scheduler: Some(sched),
-        _controller_manager: None,
+        _controller_manager: controller_manager,
         _cp: cp,
     }))
 }
 
 /// A free UDP port on 127.0.0.1 (bound, then released for QEMU).
 pub fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// kube-controller-manager with the controllers the two-node case needs (StatefulSet,
+/// Deployment and its ReplicaSet); no node lifecycle controller: the test fences the dead node
+/// itself, as an operator does.
+fn controllers(cp: &ControlPlane, bins: &K8sBins) -> Result<Proc> {
+    let kcm = bins
+        .controller_manager
+        .clone()
+        .context("kube-controller-manager not in PLEXUS_K8S_BIN (the two-node case needs it)")?;
+    let kc = cp.admin_kubeconfig().display().to_string();
+    Proc::spawn(
+        "kube-controller-manager",
+        &kcm,
+        &[
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--use-service-account-credentials=false".into(),
+            format!("--root-ca-file={}", cp.ca_path().display()),
+            format!(
+                "--service-account-private-key-file={}",
+                cp.dir().join("sa.key").display()
+            ),
+            "--controllers=statefulset,deployment,replicaset".into(),
+        ],
+        &cp.dir().join("controller-manager.log"),
+    )
+}
+
+/// What the two-node case needs besides the nodes: the address-claim CRD and plexus' rights on
+/// it, real whereabouts' CRDs (its binary goes into node.json), and docs/sriov.md's two-node
+/// objects as a JSON List in `<dir>/two-nodes.json`.
+fn two_nodes_objects(cp: &ControlPlane, dir: &Path, repo: &Path) -> Result<()> {
+    cp.apply_deploy(&["address-claim-crd.yaml", "rbac-fixed-ips.yaml"])?;
+    let ipam = PathBuf::from(
+        std::env::var_os("PLEXUS_IPAM_BIN")
+            .context("PLEXUS_IPAM_BIN is not set (../shared/ipam/bin)")?,
+    );
+    for crd in [
+        "whereabouts.cni.cncf.io_ippools.yaml",
+        "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+    ] {
+        cp.apply_file(&ipam.join("../whereabouts").join(crd))?;
+    }
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/ippools.whereabouts.cni.cncf.io",
+        "crd/overlappingrangeipreservations.whereabouts.cni.cncf.io",
+        "crd/addressclaims.plexus.cni.io",
+    ])?;
+    let text = std::fs::read_to_string(repo.join("docs/sriov.md"))?;
+    let start = text
+        .find("## The bank database on two nodes")
+        .context("docs/sriov.md has no 'The bank database on two nodes' section")?;
+    let (_, yaml) = crate::common::markdown_blocks(&text[start..], "yaml")
+        .into_iter()
+        .next()
+        .context("no YAML block in docs/sriov.md's two-node section")?;
+    let list = cp.kubectl_stdin(
+        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+        Some(&yaml),
+    )?;
+    std::fs::write(dir.join("two-nodes.json"), list)?;
+    Ok(())
 }
 
 /// The DRA driver's CRDs, DeviceClass and a policy that gives the VM's VFs (82576 VF, igbvf)

@@ -202,9 +202,49 @@ impl Node {
                 self.detach()?;
                 self.kube = Some(crate::node::Node::start(&self.out)?);
             }
+            Some("pod_sh") => return self.pod_sh(cmd, t),
+            Some("power_off") => {
+                // Power lost: no kubelet shutdown, no CNI DEL, nothing written back.
+                crate::vf::write_sys("/proc/sysrq-trigger", "o")?;
+            }
             other => return Err(format!("unknown op {other:?}")),
         }
         Ok(json!({"ms": t.elapsed().as_secs_f64() * 1000.0}))
+    }
+
+    /// `{"op":"pod_sh","ns","pod","argv":[…],"background":bool}`: runs `argv` in the netns of
+    /// pod `ns/pod` on this node (the kubelet node must be running). The answer carries its
+    /// exit code and output; `background` starts it and answers at once.
+    fn pod_sh(&self, cmd: &serde_json::Value, t: Instant) -> Result<serde_json::Value, String> {
+        let kube = self
+            .kube
+            .as_ref()
+            .ok_or("the kubelet node is not running")?;
+        let netns = kube.pod_netns(
+            cmd["ns"].as_str().ok_or("no ns")?,
+            cmd["pod"].as_str().ok_or("no pod")?,
+        )?;
+        let argv: Vec<String> = cmd["argv"]
+            .as_array()
+            .ok_or("no argv")?
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect();
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &netns]).args(&argv);
+        if cmd["background"].as_bool().unwrap_or(false) {
+            c.stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            let child = c.spawn().map_err(|e| format!("{argv:?}: {e}"))?;
+            std::mem::forget(child);
+            return Ok(json!({"ms": t.elapsed().as_secs_f64() * 1000.0, "code": 0}));
+        }
+        let o = c.output().map_err(|e| format!("{argv:?}: {e}"))?;
+        Ok(json!({"ms": t.elapsed().as_secs_f64() * 1000.0,
+            "code": o.status.code().unwrap_or(-1),
+            "out": String::from_utf8_lossy(&o.stdout),
+            "err": String::from_utf8_lossy(&o.stderr)}))
     }
 
     /// A pod with the VF as `net1` on VLAN 100 at `addr` and `mac`, by the real `sriov`.
