@@ -36,6 +36,7 @@ LOG_FILE=${PLEXUS_LOG_FILE:-/var/log/plexus.log}
 LOG_LEVEL=${PLEXUS_LOG_LEVEL:-warn}
 EXTRA_CONFIG=${PLEXUS_EXTRA_CONFIG:-\{\}}
 NAD_POLICY_DIR=${PLEXUS_NAD_POLICY_DIR:-}
+NODE_NAME=${PLEXUS_NODE_NAME:-}
 SA_DIR=/var/run/secrets/kubernetes.io/serviceaccount
 TOKEN_FILE=${PLEXUS_TOKEN_FILE:-$SA_DIR/token}
 CA_FILE=${PLEXUS_CA_FILE:-$SA_DIR/ca.crt}
@@ -68,6 +69,9 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --log-file PATH           logFile in the generated config    [/var/log/plexus.log]
   --log-level LEVEL         logLevel in the generated config   [warn]
   --extra-config JSON       object merged into the plexus plugin config (e.g. namespaceIsolation)
+  --node-name NAME          this Node's name (the DaemonSet's spec.nodeName): nodeName in the
+                            config, the node plexus names in address claims and events
+                            (default: the host name, which may differ from the Node's name)
   --nad-policy-dir DIR      the plexus-nad-policy ConfigMap, mounted (one file per key): its
                             allowances and paths become nadPolicy (docs/security.md); a missing
                             dir is no policy beyond the defaults
@@ -129,6 +133,7 @@ while [ "$#" -gt 0 ]; do
 	--log-level) need_value "$@"; LOG_LEVEL=$2; shift ;;
 	--extra-config) need_value "$@"; EXTRA_CONFIG=$2; shift ;;
 	--nad-policy-dir) need_value "$@"; NAD_POLICY_DIR=$2; shift ;;
+	--node-name) need_value "$@"; NODE_NAME=$2; shift ;;
 	--token-file) need_value "$@"; TOKEN_FILE=$2; shift ;;
 	--ca-file) need_value "$@"; CA_FILE=$2; shift ;;
 	--skip-kubeconfig) SKIP_KUBECONFIG=true ;;
@@ -397,11 +402,12 @@ render_config() {
 		--argjson caps "$P_CAPS" \
 		--arg logfile "$LOG_FILE" \
 		--arg loglevel "$LOG_LEVEL" \
+		--arg node "$NODE_NAME" \
 		--argjson extra "$EXTRA_CONFIG" \
 		--argjson policy "$POLICY" \
 		--arg list "$1" '
 		({type: "plexus", kubeconfig: $kubeconfig, clusterNetwork: $cluster,
-		  capabilities: $caps, logFile: $logfile, logLevel: $loglevel} + $extra
+		  capabilities: $caps, logFile: $logfile, logLevel: $loglevel, nodeName: $node} + $extra
 		 + {nadPolicy: (($extra.nadPolicy // {}) * $policy)}
 		 | with_entries(select(.value != "" and .value != {}))) as $plugin
 		| if $list == "true"

@@ -71,6 +71,10 @@ pub struct PlexusConfig {
     /// Namespace for `clusterNetwork`/`defaultNetworks` NAD names and the default-network annotation.
     #[serde(default = "default_multus_namespace")]
     pub multus_namespace: String,
+    /// Plexus: this Node's name as the API knows it (the installer writes the DaemonSet's
+    /// `spec.nodeName`); empty: the host name. Named in address claims and events.
+    #[serde(default)]
+    pub node_name: String,
     /// Log file.
     #[serde(default)]
     pub log_file: String,

@@ -777,6 +777,34 @@ fn ready_file_is_removed_at_start_and_written_only_after_publishing() {
 
 /// The value of env var `name` of the `install-plexus` container in a DaemonSet manifest
 /// (single-quoted or bare YAML scalar on the line after `- name: NAME`).
+#[test]
+fn the_node_name_goes_into_the_config_from_the_daemonsets_node() {
+    let node = Node::new();
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    node.install(&[]);
+    let plugin = |n: &Node| n.read_json("00-plexus.conflist")["plugins"][0].clone();
+    // Not given: none in the config (plexus names the host then).
+    assert!(plugin(&node).get("nodeName").is_none(), "{}", plugin(&node));
+    node.install(&["--node-name", "worker-7"]);
+    assert_eq!(plugin(&node)["nodeName"], "worker-7");
+    // The DaemonSet hands the installer its Pod's spec.nodeName.
+    let manifest = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/plexus-daemonset.yaml"),
+    )
+    .expect("manifest");
+    let at = manifest
+        .find("- name: PLEXUS_NODE_NAME")
+        .expect("PLEXUS_NODE_NAME in the DaemonSet");
+    assert!(
+        manifest[at..]
+            .lines()
+            .nth(2)
+            .is_some_and(|l| l.contains("fieldPath: spec.nodeName")),
+        "{}",
+        &manifest[at..]
+    );
+}
+
 fn manifest_env(manifest: &str, name: &str) -> Option<String> {
     let mut lines = manifest.lines();
     lines.find(|l| l.trim() == format!("- name: {name}"))?;

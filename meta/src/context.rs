@@ -176,7 +176,7 @@ impl Ctx {
                 total: Duration::from_millis(self.config.pod_timeout_ms),
                 interval: Duration::from_millis(250),
             },
-            ..ClientOptions::default()
+            ..ClientOptions::for_node(&self.config.node_name)
         };
         let api = self.api.clone();
         let built = self.block_on(async move {

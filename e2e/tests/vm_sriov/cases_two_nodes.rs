@@ -700,15 +700,16 @@ fn claim_holder(two: &Two<'_>, addr: &str) -> Result<(String, String), String> {
 /// node: every VF back in the root netns, no device-info file, no address claim, no
 /// whereabouts allocation.
 fn clean_up(two: &mut Two<'_>) -> Result<(), String> {
-    for kind in ["deployment/teller", "replicaset", "statefulset/mysql"] {
-        let mut a = vec!["-n", NS, "delete", "--cascade=orphan", "--ignore-not-found"];
-        if kind == "replicaset" {
-            a.extend(["replicaset", "-l", "app=teller"]);
-        } else {
-            a.push(kind);
-        }
-        two.node.kubectl(&a)?;
-    }
+    // The garbage collector deletes their pods (by the kubelet: plexus' DEL runs).
+    two.node.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "--wait=false",
+        "--ignore-not-found",
+        "deployment/teller",
+        "statefulset/mysql",
+    ])?;
     // Pods on a dead node can only go by force (their DEL never runs there).
     let pods = two.node.get(&["-n", NS, "pods"])?;
     let mut names = Vec::new();
@@ -717,7 +718,15 @@ fn clean_up(two: &mut Two<'_>) -> Result<(), String> {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let mut a = vec!["-n", NS, "delete", "pod", name.as_str(), "--wait=false"];
+        let mut a = vec![
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            name.as_str(),
+            "--wait=false",
+            "--ignore-not-found",
+        ];
         let dead = p["spec"]["nodeName"] == json!(two.b)
             && crate::peer_link::NODE_STARTING.get().is_some()
             && two

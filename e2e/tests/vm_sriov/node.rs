@@ -646,6 +646,8 @@ impl Node {
             ("PLEXUS_CA_FILE", p("sa/ca.crt").display().to_string()),
             ("PLEXUS_LOG_FILE", p("plexus.log").display().to_string()),
             ("PLEXUS_LOG_LEVEL", "debug".into()),
+            // The DaemonSet's spec.nodeName: the VM's host name is "(none)".
+            ("PLEXUS_NODE_NAME", self.name.clone()),
         ];
         if p("nad-policy").is_dir() {
             env.push((

@@ -226,7 +226,7 @@ pub fn free_udp_port() -> Result<u16> {
 }
 
 /// kube-controller-manager with the controllers the two-node case needs (StatefulSet,
-/// Deployment and its ReplicaSet); no node lifecycle controller: the test fences the dead node
+/// Deployment and its ReplicaSet, the garbage collector that deletes their pods); no node lifecycle controller: the test fences the dead node
 /// itself, as an operator does.
 fn controllers(cp: &ControlPlane, bins: &K8sBins) -> Result<Proc> {
     let kcm = bins
@@ -249,7 +249,7 @@ fn controllers(cp: &ControlPlane, bins: &K8sBins) -> Result<Proc> {
                 "--service-account-private-key-file={}",
                 cp.dir().join("sa.key").display()
             ),
-            "--controllers=statefulset,deployment,replicaset".into(),
+            "--controllers=statefulset,deployment,replicaset,garbagecollector".into(),
         ],
         &cp.dir().join("controller-manager.log"),
     )

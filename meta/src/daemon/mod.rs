@@ -275,7 +275,7 @@ async fn build_client(cfg: &DaemonConfig) -> Result<Option<KubeClient>, String> 
             total: Duration::from_millis(cfg.api_timeout_ms),
             interval: Duration::from_millis(250),
         },
-        ..ClientOptions::default()
+        ..ClientOptions::for_node(&cfg.node_name)
     };
     let kubeconfig = (!cfg.kubeconfig.is_empty()).then(|| PathBuf::from(&cfg.kubeconfig));
     let in_cluster = InClusterEnv::from_process_env();

@@ -48,6 +48,17 @@ impl Default for ClientOptions {
     }
 }
 
+impl ClientOptions {
+    /// The defaults, reporting as Node `node` (empty: the host name).
+    pub fn for_node(node: &str) -> Self {
+        let mut o = ClientOptions::default();
+        if !node.is_empty() {
+            o.reporting_instance = node.to_string();
+        }
+        o
+    }
+}
+
 /// The host name (from `/proc/sys/kernel/hostname`), else `"plexus"`.
 fn default_reporting_instance() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -336,6 +347,18 @@ pub(crate) fn install_crypto_provider() {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn the_configured_node_name_is_the_reporting_instance() {
+        assert_eq!(
+            ClientOptions::for_node("worker-7").reporting_instance,
+            "worker-7"
+        );
+        assert_eq!(
+            ClientOptions::for_node("").reporting_instance,
+            ClientOptions::default().reporting_instance
+        );
+    }
 
     #[test]
     fn in_cluster_url() {
