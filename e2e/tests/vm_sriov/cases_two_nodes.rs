@@ -697,7 +697,7 @@ fn claim_holder(two: &Two<'_>, addr: &str) -> Result<(String, String), String> {
 }
 
 /// Deletes the case's objects (their pods by the kubelet, so plexus' DEL runs) and checks this
-/// node: every VF back in the root netns, no device-info file, no address claim, no
+/// node: every VF back in the root netns, no attachment's device-info file, no address claim, no
 /// whereabouts allocation.
 fn clean_up(two: &mut Two<'_>) -> Result<(), String> {
     // The garbage collector deletes their pods (by the kubelet: plexus' DEL runs).
@@ -748,7 +748,8 @@ fn clean_up(two: &mut Two<'_>) -> Result<(), String> {
             wrong.push(format!("VF {i} ({pci}) has no netdev in the root netns"));
         }
     }
-    let devinfo: Vec<String> = std::fs::read_dir(DEVINFO_DIR)
+    // plexus' per-attachment device-info files (sriovdp's own under `dp/` stay).
+    let devinfo: Vec<String> = std::fs::read_dir(format!("{DEVINFO_DIR}/../cni"))
         .into_iter()
         .flatten()
         .filter_map(Result::ok)
