@@ -775,8 +775,6 @@ fn ready_file_is_removed_at_start_and_written_only_after_publishing() {
     assert!(stderr.contains("ready ("), "{stderr}");
 }
 
-/// The value of env var `name` of the `install-plexus` container in a DaemonSet manifest
-/// (single-quoted or bare YAML scalar on the line after `- name: NAME`).
 #[test]
 fn the_node_name_goes_into_the_config_from_the_daemonsets_node() {
     let node = Node::new();
@@ -787,24 +785,34 @@ fn the_node_name_goes_into_the_config_from_the_daemonsets_node() {
     assert!(plugin(&node).get("nodeName").is_none(), "{}", plugin(&node));
     node.install(&["--node-name", "worker-7"]);
     assert_eq!(plugin(&node)["nodeName"], "worker-7");
-    // The DaemonSet hands the installer its Pod's spec.nodeName.
-    let manifest = fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/plexus-daemonset.yaml"),
-    )
-    .expect("manifest");
-    let at = manifest
-        .find("- name: PLEXUS_NODE_NAME")
-        .expect("PLEXUS_NODE_NAME in the DaemonSet");
-    assert!(
-        manifest[at..]
-            .lines()
-            .nth(2)
-            .is_some_and(|l| l.contains("fieldPath: spec.nodeName")),
-        "{}",
-        &manifest[at..]
-    );
+    // Both DaemonSets hand the installer its Pod's spec.nodeName (the daemon's installer too:
+    // its config serves the thin fallback and the shim's own calls).
+    for file in ["plexus-daemonset.yaml", "plexus-daemon-daemonset.yaml"] {
+        let manifest =
+            fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file))
+                .expect("manifest");
+        let installer = &manifest[manifest.find("- name: install-plexus").expect(file)..];
+        let at = installer
+            .find("- name: PLEXUS_NODE_NAME")
+            .unwrap_or_else(|| panic!("no PLEXUS_NODE_NAME for {file}'s installer"));
+        // In the installer container's env, not a later container's.
+        assert!(
+            !installer[..at].contains("\n        - name: "),
+            "{file}: PLEXUS_NODE_NAME is not the installer's"
+        );
+        let entry = &installer[at..];
+        assert!(
+            entry
+                .lines()
+                .nth(2)
+                .is_some_and(|l| l.contains("fieldPath: spec.nodeName")),
+            "{file}: {entry}"
+        );
+    }
 }
 
+/// The value of env var `name` of the `install-plexus` container in a DaemonSet manifest
+/// (single-quoted or bare YAML scalar on the line after `- name: NAME`).
 fn manifest_env(manifest: &str, name: &str) -> Option<String> {
     let mut lines = manifest.lines();
     lines.find(|l| l.trim() == format!("- name: {name}"))?;

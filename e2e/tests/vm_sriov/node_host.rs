@@ -79,6 +79,24 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
     let dra = need(&stack, "dra-driver-sriov")?;
     let peers = dir_of("PLEXUS_PEERS_BIN", "peers");
     let sriov_cni = need(&peers, "sriov-cni")?;
+    // The second kubelet node's case needs real whereabouts and kube-controller-manager.
+    let ipam = dir_of("PLEXUS_IPAM_BIN", "ipam");
+    let whereabouts = find_usable(&ipam, "whereabouts")?;
+    let second = match second {
+        Some(s) if whereabouts.is_some() && bins.controller_manager.is_some() => Some(s),
+        Some(_) => {
+            let why = format!(
+                "the second kubelet node needs whereabouts (in {}) and kube-controller-manager (in PLEXUS_K8S_BIN)",
+                ipam.display()
+            );
+            if plexus_e2e::realk8s::bins::required() {
+                anyhow::bail!("PLEXUS_K8S_REQUIRE=1 but {why}");
+            }
+            println!("vm_sriov: {why}: the second VM runs no kubelet");
+            None
+        }
+        None => None,
+    };
     let scheduler = bins
         .scheduler
         .clone()
@@ -170,8 +188,7 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
         let mut b = api_netdev(Some(API_MAC[1]));
         b.extend(node_net(1));
         second_qemu_args = Some(b);
-        let ipam = PathBuf::from(std::env::var_os("PLEXUS_IPAM_BIN").unwrap_or_default());
-        cfg["whereabouts"] = json!(need(&ipam, "whereabouts")?);
+        cfg["whereabouts"] = json!(whereabouts);
         let two = |i: usize| {
             json!({"api_mac": API_MAC[i], "node_mac": NODE_MAC[i],
                    "node_ip": format!("10.0.3.{}/24", i + 1),
@@ -197,7 +214,7 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
             bcfg[k] = v.clone();
         }
         std::fs::write(bdir.join("node.json"), serde_json::to_vec_pretty(&bcfg)?)?;
-        two_nodes_objects(&cp, &dir, &repo)?;
+        two_nodes_objects(&cp, &dir, &repo, &ipam)?;
     }
     std::fs::write(dir.join("node.json"), serde_json::to_vec_pretty(&cfg)?)?;
     std::fs::write(
@@ -218,11 +235,21 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
     }))
 }
 
-/// A free UDP port on 127.0.0.1 (bound, then released for QEMU).
+/// A free UDP port on 127.0.0.1 (bound, then released for QEMU), never one this process
+/// handed out before.
 pub fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    for _ in 0..100 {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no UDP port not handed out already")
 }
 
 /// kube-controller-manager with the controllers the two-node case needs (StatefulSet,
@@ -258,12 +285,8 @@ fn controllers(cp: &ControlPlane, bins: &K8sBins) -> Result<Proc> {
 /// What the two-node case needs besides the nodes: the address-claim CRD and plexus' rights on
 /// it, real whereabouts' CRDs (its binary goes into node.json), and docs/sriov.md's two-node
 /// objects as a JSON List in `<dir>/two-nodes.json`.
-fn two_nodes_objects(cp: &ControlPlane, dir: &Path, repo: &Path) -> Result<()> {
+fn two_nodes_objects(cp: &ControlPlane, dir: &Path, repo: &Path, ipam: &Path) -> Result<()> {
     cp.apply_deploy(&["address-claim-crd.yaml", "rbac-fixed-ips.yaml"])?;
-    let ipam = PathBuf::from(
-        std::env::var_os("PLEXUS_IPAM_BIN")
-            .context("PLEXUS_IPAM_BIN is not set (../shared/ipam/bin)")?,
-    );
     for crd in [
         "whereabouts.cni.cncf.io_ippools.yaml",
         "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",

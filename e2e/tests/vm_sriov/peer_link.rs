@@ -20,9 +20,6 @@ fn shared() -> PathBuf {
     PathBuf::from(std::env::var("PLEXUS_VM_OUT").unwrap_or_else(|_| "/tmp".into())).join("peer")
 }
 
-/// The `start_node` command's number, once sent (its answer comes minutes later).
-pub static NODE_STARTING: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-
 /// Send `cmd` to the second node and wait up to `limit` for its answer.
 pub fn send(cmd: &Value, limit: Duration) -> Result<Value, String> {
     let n = post(cmd)?;
