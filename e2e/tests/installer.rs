@@ -788,9 +788,12 @@ fn the_node_name_goes_into_the_config_from_the_daemonsets_node() {
     // Both DaemonSets hand the installer its Pod's spec.nodeName (the daemon's installer too:
     // its config serves the thin fallback and the shim's own calls).
     for file in ["plexus-daemonset.yaml", "plexus-daemon-daemonset.yaml"] {
-        let manifest =
-            fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file))
-                .expect("manifest");
+        let manifest = fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy")
+                .join(file),
+        )
+        .expect("manifest");
         let installer = &manifest[manifest.find("- name: install-plexus").expect(file)..];
         let at = installer
             .find("- name: PLEXUS_NODE_NAME")

@@ -88,7 +88,9 @@ pub fn run(node: &mut Node, pf: &Pf, outdir: &Path, filters: &[String], record: 
         return;
     }
     if std::env::var("PLEXUS_VM_PEER_NODE").as_deref() != Ok("1") {
-        record(json!({"note": "two nodes: skipped, no second kubelet node in this run (PLEXUS_VM_PEER_VM=0 or no node cases)"}));
+        record(
+            json!({"note": "two nodes: skipped, no second kubelet node in this run (PLEXUS_VM_PEER_VM=0 or no node cases)"}),
+        );
         return;
     }
     // The second VM has waited idle since the delegate cases: its kubelet starts now, after
@@ -97,8 +99,10 @@ pub fn run(node: &mut Node, pf: &Pf, outdir: &Path, filters: &[String], record: 
     let n = match crate::peer_link::post(&json!({"op": "start_node"})) {
         Ok(n) => n,
         Err(e) => {
-            record(json!({"case":"two_nodes_second_node_ready","ok":false,"secs":0.0,
-                "detail":format!("cannot ask the second node to start: {e}")}));
+            record(
+                json!({"case":"two_nodes_second_node_ready","ok":false,"secs":0.0,
+                "detail":format!("cannot ask the second node to start: {e}")}),
+            );
             return;
         }
     };
@@ -602,7 +606,10 @@ fn failover(two: &mut Two<'_>) -> Result<(), String> {
         .cloned()
         .collect();
     if peers.len() < 2 {
-        return Err(format!("two replicas on {a} wanted as peers: {:?}", two.replicas));
+        return Err(format!(
+            "two replicas on {a} wanted as peers: {:?}",
+            two.replicas
+        ));
     }
     let client = two.client.clone().ok_or("no client")?;
     let (with, without) = (&peers[0], &peers[1]);
@@ -657,7 +664,9 @@ fn failover(two: &mut Two<'_>) -> Result<(), String> {
     })?;
     let t_running = t_kill.elapsed();
     // The announcement reached the peer that kept its entry: the new MAC, before any ping.
-    let seen = sh(&["ip", "netns", "exec", &ns_with, "ip", "neigh", "show", &far.net1])?;
+    let seen = sh(&[
+        "ip", "netns", "exec", &ns_with, "ip", "neigh", "show", &far.net1,
+    ])?;
     // The peer that missed the announcement: its entry back to the old MAC, stale.
     sh(&[
         "ip",
