@@ -23,16 +23,7 @@ const IP: &str = "10.56.217.10/24";
 static BANK: std::sync::OnceLock<(Value, Value)> = std::sync::OnceLock::new();
 
 fn load_bank(outdir: &Path) -> Result<(), String> {
-    let raw = std::fs::read(outdir.join("node/quickstart-bank.json"))
-        .map_err(|e| format!("quickstart-bank.json: {e}"))?;
-    let mut objs = Vec::new();
-    for v in serde_json::Deserializer::from_slice(&raw).into_iter::<Value>() {
-        let v = v.map_err(|e| e.to_string())?;
-        match v["items"].as_array() {
-            Some(items) if v["kind"] == "List" => objs.extend(items.iter().cloned()),
-            _ => objs.push(v),
-        }
-    }
+    let objs = read_objects(&outdir.join("node/quickstart-bank.json"))?;
     let find = |k: &str| objs.iter().find(|o| o["kind"] == k).cloned();
     let nad = find("NetworkAttachmentDefinition").ok_or("the quickstart has no NAD")?;
     let pod = find("Pod").ok_or("the quickstart has no Pod")?;
@@ -49,6 +40,33 @@ fn load_bank(outdir: &Path) -> Result<(), String> {
     }
     let _ = BANK.set((nad, pod));
     Ok(())
+}
+
+/// The objects in a file kubectl wrote on the host: one after another, or a List.
+pub fn read_objects(path: &Path) -> Result<Vec<Value>, String> {
+    let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut objs = Vec::new();
+    for v in serde_json::Deserializer::from_slice(&raw).into_iter::<Value>() {
+        let v = v.map_err(|e| format!("{}: {e}", path.display()))?;
+        match v["items"].as_array() {
+            Some(items) if v["kind"] == "List" => objs.extend(items.iter().cloned()),
+            _ => objs.push(v),
+        }
+    }
+    Ok(objs)
+}
+
+/// The events of pod `ns/name`, as kubectl prints them (empty when they cannot be read).
+pub fn pod_events(node: &Node, ns: &str, name: &str) -> String {
+    node.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name}"),
+    ])
+    .unwrap_or_default()
 }
 
 /// The bank NAD, exactly as the quickstart has it.
@@ -193,16 +211,7 @@ pub fn create_running(node: &Node, pod: &Value) -> Result<(Value, Duration), Str
     match ok {
         Some(_) => Ok((last, took)),
         None => {
-            let ev = node
-                .kubectl(&[
-                    "-n",
-                    NS,
-                    "get",
-                    "events",
-                    "--field-selector",
-                    &format!("involvedObject.name={name}"),
-                ])
-                .unwrap_or_default();
+            let ev = pod_events(node, NS, name);
             Err(format!(
                 "pod {name} not Running in 300 s: {}\nevents:\n{ev}",
                 last["status"]

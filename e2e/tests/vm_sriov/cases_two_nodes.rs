@@ -164,17 +164,7 @@ pub fn run(node: &mut Node, pf: &Pf, outdir: &Path, filters: &[String], record: 
 
 /// docs/sriov.md's two-node objects (`node_host` converted them), patched for the tier.
 fn load(outdir: &Path) -> Result<Vec<Value>, String> {
-    let raw = std::fs::read(outdir.join("node/two-nodes.json"))
-        .map_err(|e| format!("two-nodes.json: {e}"))?;
-    // kubectl prints one object after another (or a List).
-    let mut items = Vec::new();
-    for v in serde_json::Deserializer::from_slice(&raw).into_iter::<Value>() {
-        let v = v.map_err(|e| format!("two-nodes.json: {e}"))?;
-        match v["items"].as_array() {
-            Some(l) if v["kind"] == "List" => items.extend(l.iter().cloned()),
-            _ => items.push(v),
-        }
-    }
+    let items = crate::cases_node::read_objects(&outdir.join("node/two-nodes.json"))?;
     let kinds: Vec<&str> = items.iter().filter_map(|o| o["kind"].as_str()).collect();
     if kinds
         != [
@@ -367,17 +357,7 @@ fn running(two: &Two<'_>, name: &str) -> Result<Pod, String> {
         last["status"]["phase"] == "Running" && last["status"]["podIP"].is_string()
     })
     .ok_or_else(|| {
-        let ev = two
-            .node
-            .kubectl(&[
-                "-n",
-                NS,
-                "get",
-                "events",
-                "--field-selector",
-                &format!("involvedObject.name={name}"),
-            ])
-            .unwrap_or_default();
+        let ev = crate::cases_node::pod_events(two.node, NS, name);
         format!(
             "pod {name} not Running in {POD_WAIT:?}: {}\nevents:\n{ev}",
             last["status"]

@@ -301,17 +301,11 @@ fn two_nodes_objects(cp: &ControlPlane, dir: &Path, repo: &Path, ipam: &Path) ->
         "crd/overlappingrangeipreservations.whereabouts.cni.cncf.io",
         "crd/addressclaims.plexus.cni.io",
     ])?;
-    let text = std::fs::read_to_string(repo.join("docs/sriov.md"))?;
-    let start = text
-        .find("## The bank database on two nodes")
-        .context("docs/sriov.md has no 'The bank database on two nodes' section")?;
-    let (_, yaml) = crate::common::markdown_blocks(&text[start..], "yaml")
-        .into_iter()
-        .next()
-        .context("no YAML block in docs/sriov.md's two-node section")?;
-    let list = cp.kubectl_stdin(
-        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
-        Some(&yaml),
+    let list = doc_objects(
+        cp,
+        repo,
+        "docs/sriov.md",
+        "## The bank database on two nodes",
     )?;
     std::fs::write(dir.join("two-nodes.json"), list)?;
     Ok(())
@@ -354,17 +348,23 @@ fn dra_objects(cp: &ControlPlane, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The bank case of docs/quickstart.md (its section 3 YAML block: the NAD and the pod) as a
-/// JSON List, converted by kubectl on the host: the tier runs exactly these objects.
+/// The bank case of docs/quickstart.md (its section 3 YAML block: the NAD and the pod) as
+/// JSON: the tier runs exactly these objects.
 fn quickstart_bank(cp: &ControlPlane, repo: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(repo.join("docs/quickstart.md"))?;
+    doc_objects(cp, repo, "docs/quickstart.md", "## 3. The bank case")
+}
+
+/// The first YAML block after `heading` in the repo's document `doc`, as JSON objects
+/// converted by kubectl on the host (`create --dry-run=client`).
+fn doc_objects(cp: &ControlPlane, repo: &Path, doc: &str, heading: &str) -> Result<String> {
+    let text = std::fs::read_to_string(repo.join(doc))?;
     let start = text
-        .find("## 3. The bank case")
-        .context("docs/quickstart.md has no '## 3. The bank case' section")?;
+        .find(heading)
+        .with_context(|| format!("{doc} has no '{heading}' section"))?;
     let (_, yaml) = crate::common::markdown_blocks(&text[start..], "yaml")
         .into_iter()
         .next()
-        .context("no YAML block in the quickstart's bank case")?;
+        .with_context(|| format!("no YAML block in {doc}'s '{heading}'"))?;
     cp.kubectl_stdin(
         &["create", "--dry-run=client", "-o", "json", "-f", "-"],
         Some(&yaml),
