@@ -504,7 +504,7 @@ fn leftovers(node: &Node<'_>, l: &Layout, ids: &[String]) -> Result<Vec<String>>
         leaks.push(format!("{ports} ports on {}", l.bridge));
     }
     let mut named: BTreeMap<String, usize> = BTreeMap::new();
-    for root in [node.plexus_dir(), PathBuf::from("/var/lib/cni")] {
+    for root in [node.plexus_dir(), node.host_path("/var/lib/cni")] {
         for f in files_under(&root) {
             let s = f.display().to_string();
             if s.contains("/tombstones/") || !ids.iter().any(|id| s.contains(id.as_str())) {

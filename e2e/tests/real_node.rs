@@ -438,7 +438,7 @@ impl<'a> Tier<'a> {
             self.overlay
                 .leftovers(self.cp, &self.node, &self.sandboxes.borrow()),
         );
-        if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
+        if let Ok(rd) = std::fs::read_dir(self.node.host_path("/var/lib/cni/results")) {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if self
@@ -880,7 +880,7 @@ impl<'a> Tier<'a> {
                     &netns,
                     &[(net, "eth0"), ("app/br-a", "net1")],
                 )?;
-                let entry = libcni_cache_entry(&name)?;
+                let entry = libcni_cache_entry(&self.node, &name)?;
                 let config: Value = serde_json::from_slice(&base64::Engine::decode(
                     &base64::engine::general_purpose::STANDARD,
                     entry["config"].as_str().context("config")?,
@@ -1538,10 +1538,10 @@ fn print_timings(overlay: &str, bare: Option<&Timings>, none: &Timings, one: &Ti
     row("plexus + 1 bridge NAD", one);
 }
 
-/// The runtime's libcni cache entry (`/var/lib/cni/results`) of pod `name` (its `cniArgs`
-/// carry `K8S_POD_NAME`).
-fn libcni_cache_entry(name: &str) -> Result<Value> {
-    for e in std::fs::read_dir("/var/lib/cni/results")?.flatten() {
+/// The runtime's libcni cache entry (`/var/lib/cni/results`, the node's own) of pod `name`
+/// (its `cniArgs` carry `K8S_POD_NAME`).
+fn libcni_cache_entry(node: &Node<'_>, name: &str) -> Result<Value> {
+    for e in std::fs::read_dir(node.host_path("/var/lib/cni/results"))?.flatten() {
         let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(e.path()).unwrap_or_default())
         else {
             continue;

@@ -775,7 +775,7 @@ impl<'a> Tier<'a> {
             }
         }
         v.extend(self.overlay.leftovers(self.cp, &self.node, &self.seen));
-        if let Ok(rd) = std::fs::read_dir("/var/lib/cni/results") {
+        if let Ok(rd) = std::fs::read_dir(self.node.host_path("/var/lib/cni/results")) {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if self.seen.iter().any(|s| n.contains(s.as_str())) {

@@ -52,6 +52,7 @@ pub mod pki;
 mod proc;
 pub mod rig;
 pub mod runtime_log;
+pub mod runtimes;
 mod suite;
 
 use std::net::TcpListener;

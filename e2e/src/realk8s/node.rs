@@ -1,7 +1,10 @@
-//! A real node for the node tier: containerd (its own config, root, state, socket, CNI dirs)
-//! and a kubelet v1.36 registered with a [`ControlPlane`], with a locally built pause image.
-//! Everything lives under one temporary directory; the pods' cgroups under a cgroup root of
-//! its own. [`Node::stop`] (also run on drop) stops the kubelet, removes the remaining pod
+//! A real node for the node tier: containerd (2.3 by default, 1.6 for the compatibility tier:
+//! [`use_containerd`]; its own config, root, state, socket, CNI dirs) and a kubelet v1.36
+//! registered with a [`ControlPlane`], with a locally built pause image. Everything lives under
+//! one temporary directory; the pods' cgroups under a cgroup root of its own. containerd and
+//! the kubelet run in mount namespaces of their own ([`mount_ns`]) where the fixed host paths
+//! they write (`/var/lib/cni`, `/var/lib/kubelet/device-plugins`, `/var/log/containers`) are
+//! the node's directories ([`Node::host_path`]). [`Node::stop`] (also run on drop) stops the kubelet, removes the remaining pod
 //! sandboxes through the CRI (which runs CNI DEL), stops containerd, unmounts what is left under
 //! its directory, removes the `cni-*` netns it created and the links it was told about.
 //!
@@ -18,17 +21,36 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 mod config;
-pub use config::containerd_config;
+pub use config::{containerd_1_6_config, containerd_config};
 mod host;
+pub mod mount_ns;
 mod stale;
 
 use super::cri::Cri;
 use super::pause::{self, PAUSE_IMAGE};
+use super::runtimes::{Containerd, ContainerdBins};
 use super::{tail, ControlPlane, K8sBins, Proc};
 
 pub(crate) use host::mount_points;
 pub use host::{cni_netns, eth0_ipv4};
 use host::{ensure_run_netns_mounted, remove_links_into, unmount_under};
+use mount_ns::{share_node_dir, NodeMounts};
+
+/// The containerd release line of the nodes started from now on.
+static CONTAINERD: Mutex<Containerd> = Mutex::new(Containerd::V2);
+
+/// Start the next nodes on containerd `line` (2.3 unless a tier asks for 1.6).
+pub fn use_containerd(line: Containerd) {
+    *CONTAINERD.lock().unwrap_or_else(|e| e.into_inner()) = line;
+}
+
+/// The host paths a node's processes write, and where they land under the node's directory
+/// ([`Node::host_path`]).
+const REDIRECTED: &[&str] = &[
+    "/var/lib/cni",
+    "/var/lib/kubelet/device-plugins",
+    "/var/log/containers",
+];
 
 /// Where Debian's CNI plugins are; the node's CNI bin dir links to them.
 pub const SYSTEM_CNI_BIN: &str = "/usr/lib/cni";
@@ -40,6 +62,7 @@ pub struct Node<'a> {
     node_ip: String,
     cgroup_root: String,
     cri: Cri,
+    containerd_bins: ContainerdBins,
     netns_before: BTreeSet<String>,
     links: Mutex<Vec<String>>,
     kubelet: Mutex<Option<Proc>>,
@@ -70,12 +93,15 @@ impl<'a> Node<'a> {
         stale::sweep_dead_runs(dir.path());
         let netns_before = cni_netns();
         let cgroup_root = format!("/plexus-node-{}", std::process::id());
+        let line = *CONTAINERD.lock().unwrap_or_else(|e| e.into_inner());
+        let containerd_bins = ContainerdBins::find(line)?;
         let mut node = Node {
             cp,
             name: name.to_string(),
             node_ip,
             cgroup_root,
             cri: Cri::new(&dir.path().join("containerd/containerd.sock")),
+            containerd_bins,
             netns_before,
             links: Mutex::new(Vec::new()),
             kubelet: Mutex::new(None),
@@ -93,7 +119,8 @@ impl<'a> Node<'a> {
             return Err(e.context(logs));
         }
         eprintln!(
-            "realk8s: node {name} ready in {:.1} s (dir {})",
+            "realk8s: node {name} ({}) ready in {:.1} s (dir {})",
+            line.label(),
             t0.elapsed().as_secs_f64(),
             node.dir().display()
         );
@@ -106,6 +133,9 @@ impl<'a> Node<'a> {
         conf_name: &str,
         primary: &dyn Fn(&Path) -> Value,
     ) -> Result<()> {
+        // Pod volumes the kubelet mounts here must reach containerd, both in namespaces of
+        // their own: the node's directory is a shared mount point.
+        share_node_dir(self.dir.path())?;
         for d in [
             "cni/bin",
             "cni/net.d",
@@ -172,11 +202,19 @@ impl<'a> Node<'a> {
             "--config".into(),
             self.path("containerd/config.toml").display().to_string(),
         ];
-        let proc = Proc::spawn(
+        let steps = NodeMounts::default()
+            .redirect("/var/lib/cni", self.host_path("/var/lib/cni"))
+            .prepare()?;
+        let path = self.containerd_bins.path_env();
+        let proc = Proc::spawn_with(
             "containerd",
-            Path::new("containerd"),
+            &self.containerd_bins.containerd(),
             &args,
             &self.path("containerd.log"),
+            |cmd| {
+                cmd.env("PATH", path);
+                steps.install(cmd);
+            },
         )?;
         *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
         wait_for("containerd's socket", Duration::from_secs(30), || {
@@ -195,7 +233,20 @@ impl<'a> Node<'a> {
             format!("--cert-dir={}", p("kubelet/pki")),
             "--v=2".into(),
         ];
-        let proc = Proc::spawn("kubelet", &bins.kubelet, &args, &self.path("kubelet.log"))?;
+        let steps = NodeMounts::default()
+            .redirect(
+                "/var/lib/kubelet/device-plugins",
+                self.host_path("/var/lib/kubelet/device-plugins"),
+            )
+            .redirect("/var/log/containers", self.host_path("/var/log/containers"))
+            .prepare()?;
+        let proc = Proc::spawn_with(
+            "kubelet",
+            &bins.kubelet,
+            &args,
+            &self.path("kubelet.log"),
+            |cmd| steps.install(cmd),
+        )?;
         *self.kubelet.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
         Ok(())
     }
@@ -242,6 +293,18 @@ impl<'a> Node<'a> {
     /// `<dir>/<rel>`
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
+    }
+
+    /// Where fixed host path `p` (one of `/var/lib/cni`, `/var/lib/kubelet/device-plugins`,
+    /// `/var/log/containers`, or below) is for this node's containerd, kubelet and CNI plugins.
+    pub fn host_path(&self, p: &str) -> PathBuf {
+        debug_assert!(REDIRECTED.iter().any(|r| Path::new(p).starts_with(r)));
+        self.path("host").join(p.trim_start_matches('/'))
+    }
+
+    /// The containerd release line this node runs.
+    pub fn containerd_line(&self) -> Containerd {
+        self.containerd_bins.line
     }
 
     /// The container logs the kubelet wrote for pod `ns/name` (all containers, all restarts).
@@ -311,7 +374,7 @@ impl<'a> Node<'a> {
 
     /// Run `ctr -n k8s.io` against this node's containerd; stdout.
     pub fn ctr(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("ctr")
+        let out = Command::new(self.containerd_bins.ctr())
             .arg("--address")
             .arg(self.path("containerd/containerd.sock"))
             .args(["-n", "k8s.io"])
@@ -420,6 +483,7 @@ impl<'a> Node<'a> {
         }
         self.remove_cgroup_root();
         stale::after_stop(self.dir.path());
+        // Nodes of earlier builds linked container logs into the host's own directory.
         remove_links_into("/var/log/containers", self.dir.path());
         let _ = self.cp.kubectl(&[
             "delete",

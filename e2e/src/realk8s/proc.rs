@@ -20,16 +20,29 @@ pub struct Proc {
 impl Proc {
     /// Start `program args…` with stdout and stderr appended to `log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        Proc::spawn_with(name, program, args, log, |_| {})
+    }
+
+    /// [`Proc::spawn`], with `setup` adjusting the command first (environment, a `pre_exec`).
+    pub fn spawn_with(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        setup: impl FnOnce(&mut Command),
+    ) -> Result<Proc> {
         use std::os::unix::process::CommandExt;
         let out = File::options().create(true).append(true).open(log)?;
-        let child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--pdeathsig", "KILL", "--"])
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
-            .process_group(0)
+            .process_group(0);
+        setup(&mut cmd);
+        let child = cmd
             .spawn()
             .with_context(|| format!("start {name} ({})", program.display()))?;
         Ok(Proc {

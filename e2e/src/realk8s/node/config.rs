@@ -1,5 +1,5 @@
 //! The node's two config files: containerd's `config.toml` (its own root, state, socket and CNI
-//! dirs, the locally built pause image) and the kubelet's `KubeletConfiguration` (cgroupfs under
+//! dirs, the locally built pause image; version 3 for containerd 2.x, version 2 for 1.6) and the kubelet's `KubeletConfiguration` (cgroupfs under
 //! the node's own cgroup root, no eviction, no image GC).
 
 use std::path::Path;
@@ -8,11 +8,16 @@ use anyhow::Result;
 
 use super::super::free_port;
 use super::super::pause::PAUSE_IMAGE;
+use super::super::runtimes::Containerd;
 use super::Node;
 
 impl Node<'_> {
     pub(super) fn containerd_config(&self) -> String {
-        containerd_config(&self.path("containerd"), &self.bin_dir(), &self.conf_dir())
+        let base = self.path("containerd");
+        match self.containerd_bins.line {
+            Containerd::V2 => containerd_config(&base, &self.bin_dir(), &self.conf_dir()),
+            Containerd::V1_6 => containerd_1_6_config(&base, &self.bin_dir(), &self.conf_dir()),
+        }
     }
 
     pub(super) fn kubelet_config(&self) -> Result<String> {
@@ -55,10 +60,67 @@ nodeStatusUpdateFrequency: 2s
     }
 }
 
-/// containerd's `config.toml` for a node whose containerd dirs are under `base` (root, state,
-/// socket, opt, runc root), with the CNI plugins in `bin_dir` and configs in `conf_dir`, and the
-/// locally built pause image; also used by the node inside the SR-IOV VM.
+/// containerd 2.x's `config.toml` (version 3) for a node whose containerd dirs are under `base`
+/// (root, state, socket, opt, runc root), with the CNI plugins in `bin_dir` and configs in
+/// `conf_dir`, and the locally built pause image; also used by the node inside the SR-IOV VM.
+/// Version 3 splits the CRI plugin: images (snapshotter, pinned sandbox image), runtime
+/// (runtimes, CNI with `bin_dirs`, `restrict_oom_score_adj`), and the gRPC service (streaming).
+/// 2.3 migrates it to its version 4 in memory. NRI (on by default in 2.x, a socket in
+/// /var/run/nri) is off and CDI reads no host directory: a node writes only under `base`.
 pub fn containerd_config(base: &Path, bin_dir: &Path, conf_dir: &Path) -> String {
+    let p = |s: &str| base.join(s).display().to_string();
+    format!(
+        r#"version = 3
+imports = []
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  cdi_spec_dirs = []
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{runc_root}"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{bin}"]
+    conf_dir = "{conf}"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+"#,
+        root = p("root"),
+        state = p("state"),
+        sock = p("containerd.sock"),
+        opt = p("opt"),
+        runc_root = p("runc"),
+        bin = bin_dir.display(),
+        conf = conf_dir.display(),
+    )
+}
+
+/// containerd 1.6's `config.toml` (version 2), the compatibility tier's; same layout as
+/// [`containerd_config`].
+pub fn containerd_1_6_config(base: &Path, bin_dir: &Path, conf_dir: &Path) -> String {
     let p = |s: &str| base.join(s).display().to_string();
     format!(
         r#"version = 2
