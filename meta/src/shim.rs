@@ -3,8 +3,14 @@
 //! socket and prints the answer. It reads no API, starts no async runtime and parses only
 //! the few keys below, so it costs a process start and one round trip on the socket.
 //!
+//! STATUS never goes to the daemon: it runs in-process ([`crate::verbs::check::status`]: local
+//! files and the default network's own STATUS, no API). containerd ≥ 2.0.1 sends it on every
+//! CRI `Status` and takes any failure for NetworkReady=false, so the node's readiness must not
+//! follow the daemon's: a daemon restarting, upgraded, or busy (its queue full answers code 11)
+//! is not a node whose network is down, and ADDs meanwhile follow `daemonUnavailable` below.
+//!
 //! When the daemon cannot be reached (absent, starting, draining after SIGTERM, crashed):
-//! - DEL, CHECK, STATUS and GC run in-process from the saved plans (DEL needs no API), so a
+//! - DEL, CHECK and GC run in-process from the saved plans (DEL needs no API), so a
 //!   pod never stays Terminating because of the daemon;
 //! - ADD follows `daemonUnavailable`: `"thin"` (default) runs the whole ADD in-process in thin
 //!   mode with the config's `kubeconfig` (the pod gets its networks; the API pays thin mode's
@@ -103,7 +109,8 @@ pub fn run(
     thin: &dyn Plugin,
 ) -> Outcome {
     let verb = env("CNI_COMMAND").unwrap_or_default();
-    if verb == "VERSION" {
+    // STATUS: the node's readiness, never the daemon's (see the module's doc).
+    if verb == "VERSION" || verb == "STATUS" {
         return skel::dispatch(thin, env, stdin);
     }
     let req = Request {
@@ -149,7 +156,7 @@ pub fn run(
             },
             &stdin,
         ),
-        // DEL, CHECK, STATUS, GC: in-process, from the saved plans.
+        // DEL, CHECK, GC: in-process, from the saved plans.
         Err(ForwardError::Unreachable(e) | ForwardError::NoAnswer(e)) => {
             eprintln!(
                 "plexus: daemon {} unavailable ({e}): {verb} in-process",
@@ -183,6 +190,52 @@ mod tests {
             .add_falls_back_to_thin()
             .unwrap_err()
             .contains("kubeconfig"));
+    }
+
+    #[test]
+    fn status_never_asks_the_daemon() {
+        use std::os::unix::net::UnixListener;
+        // A daemon that takes calls and never answers (busy, wedged): STATUS must not wait
+        // for it, nor be refused by it.
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("plexus.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let conf = ShimConfig {
+            daemon_socket: sock.display().to_string(),
+            daemon_unavailable: "tryAgain".into(),
+            kubeconfig: String::new(),
+        };
+        struct Ready;
+        impl Plugin for Ready {
+            fn add(&self, _: skel::CmdArgs) -> Result<skel::AddOutput, CniError> {
+                unreachable!()
+            }
+            fn del(&self, _: skel::CmdArgs) -> Result<(), CniError> {
+                unreachable!()
+            }
+            fn check(&self, _: skel::CmdArgs) -> Result<(), CniError> {
+                unreachable!()
+            }
+            fn status(&self, _: skel::CmdArgs) -> Result<(), CniError> {
+                Err(CniError::new(50, "in-process", "answered here"))
+            }
+        }
+        let env = |k: &str| match k {
+            "CNI_COMMAND" => Some("STATUS".to_string()),
+            "CNI_PATH" => Some("/nonexistent".to_string()),
+            _ => None,
+        };
+        let out = run(
+            &conf,
+            env,
+            br#"{"cniVersion":"1.1.0","name":"n"}"#.to_vec(),
+            &Ready,
+        );
+        let e: CniError = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!((e.code, e.msg.as_str()), (50, "in-process"), "{e}");
+        // Nothing connected to the daemon's socket.
+        assert!(listener.accept().is_err());
     }
 
     #[test]

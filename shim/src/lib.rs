@@ -7,8 +7,10 @@
 //! Everything else is `plexus`' (installed next to it), which this shim runs with the same
 //! environment and stdin:
 //! - a config without `daemonSocket` (thin mode), `VERSION`, or a config it cannot read;
+//! - `STATUS`, always: the node's readiness (containerd ≥ 2.0.1 asks on every CRI `Status`)
+//!   must not follow the daemon's, so `plexus` answers it from local files, never the daemon;
 //! - the daemon unreachable or not answering: `plexus` is told so (`PLEXUS_SHIM_FORWARD`) and
-//!   applies the documented fallbacks without trying the socket again (DEL, CHECK, STATUS, GC
+//!   applies the documented fallbacks without trying the socket again (DEL, CHECK, GC
 //!   in-process from the saved plans; ADD per `daemonUnavailable`; an ADD the daemon accepted
 //!   but never answered: code 11). See docs/daemon.md.
 
@@ -48,8 +50,9 @@ pub fn main() {
     let read = std::io::stdin()
         .take(MAX_STDIN_BYTES as u64 + 1)
         .read_to_end(&mut stdin);
-    if read.is_err() || stdin.len() > MAX_STDIN_BYTES || verb == "VERSION" {
-        // plexus reports a stdin it cannot read or that is too large, and answers VERSION.
+    if read.is_err() || stdin.len() > MAX_STDIN_BYTES || verb == "VERSION" || verb == "STATUS" {
+        // plexus reports a stdin it cannot read or that is too large, answers VERSION, and
+        // answers STATUS in-process (the daemon's state is not the node's network's).
         hand_over(stdin, "none", "");
     }
     let Some(socket) = wire::daemon_socket(&stdin) else {

@@ -9,7 +9,6 @@ use plexus_conf::netconf::NetConfList;
 use plexus_delegates::skel::CmdArgs;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// CHECK every attachment of the container from its saved plan.
 pub fn check(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
@@ -60,30 +59,13 @@ fn default_network(ctx: &Ctx) -> Result<Option<NetConfList>, MetaError> {
     }
 }
 
-/// STATUS: ready when the readiness indicator file exists and the default network's STATUS passes.
+/// STATUS: ready unless the readiness indicator file is missing, the default network's config
+/// or one of its plugins is gone, or its own STATUS fails ([`status::run`]: files only, no API).
 pub fn status(ctx: &mut Ctx) -> Result<(), MetaError> {
-    let f = &ctx.config.readiness_indicator_file;
-    if !f.is_empty() && !Path::new(f).exists() {
-        return Err(MetaError::StatusNotReady { file: f.into() });
-    }
-    if let Some(list) = default_network(ctx)? {
-        for p in &list.plugins {
-            plexus_delegates::find_plugin(p.plugin_type(), &ctx.runtime.search_path).map_err(
-                |source| MetaError::StatusPluginMissing {
-                    network: list.name.clone(),
-                    source: source.into(),
-                },
-            )?;
-        }
-        ctx.runtime
-            .status(&list)
-            .map_err(|source| MetaError::StatusFailed {
-                network: list.name.clone(),
-                source: source.into(),
-            })?;
-    }
-    Ok(())
+    status::run(ctx)
 }
+
+mod status;
 
 /// A network to GC: its config, whether it is a default network, its valid attachments.
 type NetworkGc = (NetConfList, bool, Vec<(String, String)>);
