@@ -5,7 +5,9 @@
 #     rename over the old one; never written in place (a running binary gives "text file busy");
 #  2. writes <conf-dir>/plexus.d/plexus.kubeconfig (0600, dir 0700) from the service account;
 #  3. writes the plexus CNI config (00-plexus.conflist/.conf) from the first primary CNI config:
-#     temp file + rename, then the identical bytes are rewritten in place so that containerd 1.6,
+#     cniVersion (--cni-version, default auto: the primary's, with cniVersions adding 1.1.0 so
+#     that a runtime whose libcni knows 1.1.0 runs plexus at 1.1.0 and calls its STATUS, and an
+#     older one keeps the primary's version; see deploy/README.md); temp file + rename, then the identical bytes are rewritten in place so that containerd 1.6,
 #     which reloads only on write events, sees the new config; the old config is never removed;
 #  4. with --watch, re-checks the token, the CA, the primary config and its own config every few
 #     seconds and regenerates what changed. It never removes the config, not even on exit.
@@ -30,7 +32,7 @@ REPLACE_SRIOV_CNI=${PLEXUS_REPLACE_SRIOV_CNI:-false}
 CONF_NAME=${PLEXUS_CONF_NAME:-auto}
 PRIMARY=${PLEXUS_PRIMARY:-auto}
 PRIMARY_WAIT=${PLEXUS_PRIMARY_WAIT_SECONDS:-120}
-CNI_VERSION=${PLEXUS_CNI_VERSION:-}
+CNI_VERSION=${PLEXUS_CNI_VERSION:-auto}
 NETWORK_NAME=${PLEXUS_NETWORK_NAME:-plexus-cni-network}
 LOG_FILE=${PLEXUS_LOG_FILE:-/var/log/plexus.log}
 LOG_LEVEL=${PLEXUS_LOG_LEVEL:-warn}
@@ -60,11 +62,17 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --conf-dir DIR            CNI conf dir, as mounted here      [/host/etc/cni/net.d]
   --host-conf-dir DIR       the same dir as the host sees it   [/etc/cni/net.d]
   --conf-name NAME          00-plexus.conflist, 00-plexus.conf, or auto
-                            (auto: .conflist when cniVersion >= 1.0.0)        [auto]
+                            (auto: .conflist, .conf only for a --cni-version 0.x) [auto]
   --primary NAME            primary config file name, or auto (first *.conf/*.conflist in byte
                             order not starting with 00-plexus or 00-multus)   [auto]
   --primary-wait SECONDS    how long to wait for a usable primary config      [120]
-  --cni-version VERSION     used only when the primary config has no cniVersion
+  --cni-version VERSION     plexus' own cniVersion, or auto: the primary's (1.0.0 when it has
+                            none, 1.1.0 at most) plus "cniVersions": [that, "1.1.0"], so a
+                            runtime with libcni >= 1.2 (containerd >= 2.0, CRI-O) runs plexus
+                            at 1.1.0 and calls its STATUS, an older one (containerd 1.6)
+                            the primary's version. A version (e.g. 1.0.0) is written alone:
+                            below 1.1.0 no runtime calls STATUS. Delegates always run at
+                            their own conflist's version                      [auto]
   --network-name NAME       [plexus-cni-network]
   --log-file PATH           logFile in the generated config    [/var/log/plexus.log]
   --log-level LEVEL         logLevel in the generated config   [warn]
@@ -154,6 +162,10 @@ case $CONF_NAME in
 auto | 00-plexus.conf | 00-plexus.conflist) ;;
 *.conf | *.conflist) ;;
 *) die "--conf-name must end in .conf or .conflist (got $CONF_NAME)" ;;
+esac
+case $CNI_VERSION in
+auto | 0.1.0 | 0.2.0 | 0.3.0 | 0.3.1 | 0.4.0 | 1.0.0 | 1.1.0) ;;
+*) die "--cni-version must be auto or a CNI version plexus implements, 0.1.0 to 1.1.0 (got $CNI_VERSION)" ;;
 esac
 case $PRIMARY_WAIT in '' | *[!0-9]*) die "--primary-wait must be whole seconds" ;; esac
 case $SETTLE in '' | *[!0-9]*) die "--uninstall-settle must be whole seconds" ;; esac
@@ -308,7 +320,8 @@ find_primary() {
 	return 1
 }
 
-# Parse the primary config: sets P_VERSION and P_CAPS. Fails on a partial or invalid file.
+# Parse the primary config: sets P_VERSION (its cniVersion, maybe empty) and P_CAPS. Fails on a
+# partial or invalid file.
 load_primary() {
 	jq -e 'type == "object" and ((.type | type) == "string" or (.plugins | type) == "array")' \
 		"$1" >/dev/null 2>&1 || return 1
@@ -319,11 +332,6 @@ load_primary() {
 		return 1
 	fi
 	P_VERSION=$(jq -r '.cniVersion // "" | strings' "$1") || return 1
-	[ -n "$P_VERSION" ] || P_VERSION=$CNI_VERSION
-	if [ -z "$P_VERSION" ]; then
-		log "$1 has no cniVersion (set --cni-version)"
-		return 1
-	fi
 	# Union of the capabilities enabled at the top level (.conf) or in any plugin (.conflist),
 	# plus the pod annotations containerd and CRI-O hand to plugins that ask: plexus then needs
 	# no GET of the pod on ADD.
@@ -351,14 +359,45 @@ wait_primary() {
 
 # --------------------------------------------------------------------------------- plexus config
 
-# Final file name for the primary's version.
+# plexus' own version for the current primary: sets W_VERSION (cniVersion) and W_VERSIONS
+# (cniVersions as a JSON list, or empty). plexus runs each delegate at its own conflist's
+# version, so this is only what the runtime and plexus speak: with auto, the primary's version
+# (the runtime already reads it) and 1.1.0 offered beside it. libcni >= 1.2 picks the highest
+# of cniVersion + cniVersions it implements (1.1.0: STATUS on every CRI Status in containerd
+# >= 2.0.1, CRI-O's STATUS and GC); libcni 1.1 (containerd 1.6, which cannot read a 1.1.0
+# result) ignores cniVersions.
+plexus_versions() {
+	if [ "$CNI_VERSION" != auto ]; then
+		W_VERSION=$CNI_VERSION
+		W_VERSIONS=
+		return
+	fi
+	case $P_VERSION in
+	0.1.0 | 0.2.0 | 0.3.0 | 0.3.1 | 0.4.0 | 1.0.0 | 1.1.0) W_VERSION=$P_VERSION ;;
+	'') W_VERSION=1.0.0 ;;
+	*)
+		# Newer than plexus implements (or not a version): the newest plexus speaks.
+		if jq -en --arg v "$P_VERSION" '($v | split(".") | map(tonumber? // 0)) > [1, 1, 0]' \
+			>/dev/null 2>&1; then
+			W_VERSION=1.1.0
+		else
+			W_VERSION=1.0.0
+		fi
+		;;
+	esac
+	W_VERSIONS=
+	[ "$W_VERSION" = 1.1.0 ] || W_VERSIONS="[\"$W_VERSION\",\"1.1.0\"]"
+}
+
+# Final file name for plexus' version: a single-plugin .conf only for a 0.x version written
+# alone (cniVersions needs a .conflist).
 conf_name() {
 	if [ "$CONF_NAME" != auto ]; then
 		printf '%s\n' "$CONF_NAME"
 		return
 	fi
-	case $P_VERSION in
-	0.*) echo 00-plexus.conf ;;
+	case $W_VERSION in
+	0.*) [ -n "$W_VERSIONS" ] && echo 00-plexus.conflist || echo 00-plexus.conf ;;
 	*) echo 00-plexus.conflist ;;
 	esac
 }
@@ -395,7 +434,8 @@ render_config() {
 	kubeconfig=$KUBECONFIG_HOST_PATH
 	[ "$SKIP_KUBECONFIG" = false ] || kubeconfig=
 	jq -n \
-		--arg version "$P_VERSION" \
+		--arg version "$W_VERSION" \
+		--arg versions "$W_VERSIONS" \
 		--arg name "$NETWORK_NAME" \
 		--arg kubeconfig "$kubeconfig" \
 		--arg cluster "$HOST_CONF_DIR/${P_PATH##*/}" \
@@ -411,16 +451,23 @@ render_config() {
 		 + {nadPolicy: (($extra.nadPolicy // {}) * $policy)}
 		 | with_entries(select(.value != "" and .value != {}))) as $plugin
 		| if $list == "true"
-		  then {cniVersion: $version, name: $name, plugins: [$plugin]}
+		  then {cniVersion: $version}
+		       + (if $versions == "" then {} else {cniVersions: ($versions | fromjson)} end)
+		       + {name: $name, plugins: [$plugin]}
 		  else {cniVersion: $version, name: $name} + $plugin end'
 }
 
 # Publish the config for the current primary. Safe to repeat.
 write_config() {
+	plexus_versions
 	name=$(conf_name)
 	final=$CONF_DIR/$name
 	list=false
 	case $name in *.conflist) list=true ;; esac
+	if [ "$list" = false ] && [ -n "$W_VERSIONS" ]; then
+		log "$name is a single-plugin config, which cannot offer cniVersions: plexus runs at $W_VERSION and no runtime calls its STATUS (use a .conflist name)"
+		W_VERSIONS=
+	fi
 	mkdir -p "$PLEXUS_D"
 	staged=$PLEXUS_D/.config.staged.$$
 	tmp=$CONF_DIR/.$name.plexus-tmp.$$ # no .conf/.conflist/.json suffix: libcni ignores it
@@ -444,7 +491,7 @@ write_config() {
 		chmod 0644 "$tmp"
 		# rename(2) over the old config: it never disappears and is never partial.
 		mv -f "$tmp" "$final" || die "cannot rename $tmp to $final"
-		log "wrote $final"
+		log "wrote $final (cniVersion $W_VERSION${W_VERSIONS:+, cniVersions $W_VERSIONS})"
 	fi
 	# containerd 1.6 ignores the Create event of a rename; rewrite the same bytes in place
 	# (no truncation, same length) so that it gets a Write event on the complete file.

@@ -418,7 +418,9 @@ fn config_is_generated_from_the_first_primary_config() {
     node.install(&[]);
 
     let c = node.read_json("00-plexus.conflist");
+    // The primary's version for a runtime whose libcni predates 1.2, 1.1.0 for the others.
     assert_eq!(c["cniVersion"], "1.0.0");
+    assert_eq!(c["cniVersions"], json!(["1.0.0", "1.1.0"]));
     assert_eq!(c["name"], "plexus-cni-network");
     let plugins = c["plugins"].as_array().expect("plugins");
     assert_eq!(plugins.len(), 1);
@@ -474,19 +476,32 @@ fn config_is_generated_from_the_first_primary_config() {
     assert_eq!(types, ["flannel", "portmap", "bandwidth"]);
     assert_eq!(plan["attachments"][0]["network"], "cbr0");
 
-    // A 0.x primary gives a single-plugin .conf with its version and top-level capabilities;
-    // the .conflist from before is removed only after the .conf exists.
+    // A 0.x primary (a single-plugin .conf): still a .conflist at the primary's version with
+    // 1.1.0 offered beside it.
     fs::remove_file(node.conf("10-flannel.conflist")).expect("rm");
     node.put_conf(
         "10-calico.conf",
         &json!({"cniVersion": "0.4.0", "name": "k8s-pod-network", "type": "calico",
                 "capabilities": {"portMappings": true}}),
     );
+    node.install(&[]);
+    let c = node.read_json("00-plexus.conflist");
+    assert_eq!(c["cniVersion"], "0.4.0");
+    assert_eq!(c["cniVersions"], json!(["0.4.0", "1.1.0"]));
+
+    // plexus written at a 0.x version alone (--cni-version) is a single-plugin .conf with
+    // top-level capabilities; the .conflist from before is removed only after the .conf exists.
     let mut watch = inotify::Watch::dir(&node.path("conf")).expect("inotify");
-    node.install(&["--extra-config", r#"{"namespaceIsolation": true}"#]);
+    node.install(&[
+        "--cni-version",
+        "0.4.0",
+        "--extra-config",
+        r#"{"namespaceIsolation": true}"#,
+    ]);
     let events = watch.drain();
     let c = node.read_json("00-plexus.conf");
     assert_eq!(c["cniVersion"], "0.4.0");
+    assert!(c.get("cniVersions").is_none(), "{c}");
     assert_eq!(c["type"], "plexus");
     assert_eq!(
         c["clusterNetwork"],
@@ -543,7 +558,11 @@ fn primary_config_is_waited_for_with_a_bound() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(node.read_json("00-plexus.conf")["cniVersion"], "0.3.1");
+    let c = node.read_json("00-plexus.conflist");
+    assert_eq!(
+        (&c["cniVersion"], &c["cniVersions"]),
+        (&json!("0.3.1"), &json!(["0.3.1", "1.1.0"]))
+    );
 }
 
 #[test]
@@ -559,6 +578,93 @@ fn a_plexus_or_multus_config_is_never_the_primary() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("refusing"), "{stderr}");
+    assert!(!node.conf("00-plexus.conflist").exists());
+}
+
+/// The version libcni runs a conflist at: the highest of `cniVersion` and `cniVersions` that
+/// it implements (`newest`: 1.0.0 for libcni 1.1, containerd 1.6, which reads `cniVersion`
+/// alone; 1.1.0 for libcni >= 1.2).
+fn libcni_version(c: &Value, newest: &str) -> String {
+    let parse = |v: &str| -> Vec<u32> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    let mut candidates = vec![c["cniVersion"].as_str().unwrap_or("").to_string()];
+    if parse(newest) >= parse("1.1.0") {
+        for v in c["cniVersions"].as_array().into_iter().flatten() {
+            candidates.push(v.as_str().unwrap_or("").to_string());
+        }
+    }
+    candidates
+        .into_iter()
+        .filter(|v| parse(v) <= parse(newest))
+        .max_by_key(|v| parse(v))
+        .unwrap_or_default()
+}
+
+#[test]
+fn plexus_runs_at_1_1_0_where_the_runtime_can_and_the_version_can_be_chosen() {
+    let node = Node::new();
+    let read = |n: &Node| n.read_json("00-plexus.conflist");
+    // flannel's and calico's upstream conflists say 0.3.1: containerd 2.x (libcni 1.3) runs
+    // plexus at 1.1.0 and calls its STATUS; containerd 1.6 (libcni 1.1) stays at 0.3.1.
+    node.put_conf("10-flannel.conflist", &flannel_conflist("0.3.1"));
+    let stderr = node.install(&[]);
+    let c = read(&node);
+    assert_eq!(libcni_version(&c, "1.1.0"), "1.1.0", "{c}");
+    assert_eq!(libcni_version(&c, "1.0.0"), "0.3.1", "{c}");
+    assert!(
+        stderr.contains(r#"(cniVersion 0.3.1, cniVersions ["0.3.1","1.1.0"])"#),
+        "{stderr}"
+    );
+
+    // A primary at 1.1.0, or newer than plexus implements: 1.1.0 alone.
+    for primary in ["1.1.0", "1.2.0"] {
+        node.put_conf("10-flannel.conflist", &flannel_conflist(primary));
+        node.install(&[]);
+        let c = read(&node);
+        assert_eq!(c["cniVersion"], "1.1.0", "{primary}: {c}");
+        assert!(c.get("cniVersions").is_none(), "{primary}: {c}");
+    }
+    // A primary without cniVersion: 1.0.0 and 1.1.0.
+    let mut bare = flannel_conflist("x");
+    bare.as_object_mut().expect("object").remove("cniVersion");
+    node.put_conf("10-flannel.conflist", &bare);
+    node.install(&[]);
+    assert_eq!(read(&node)["cniVersions"], json!(["1.0.0", "1.1.0"]));
+
+    // Chosen: written alone, by flag or environment (1.0.0: no runtime calls STATUS).
+    node.put_conf("10-flannel.conflist", &flannel_conflist("0.3.1"));
+    node.install(&["--cni-version", "1.0.0"]);
+    let c = read(&node);
+    assert_eq!(c["cniVersion"], "1.0.0");
+    assert!(c.get("cniVersions").is_none(), "{c}");
+    let out = node
+        .command(&[])
+        .env("PLEXUS_CNI_VERSION", "1.1.0")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&node)["cniVersion"], "1.1.0");
+    let out = node.run(&["--cni-version", "1.2.0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--cni-version must be auto or a CNI version plexus implements"),
+        "{stderr}"
+    );
+    assert_eq!(read(&node)["cniVersion"], "1.1.0", "the config is kept");
+
+    // A .conf cannot offer cniVersions: the primary's version alone, and the log says so.
+    let stderr = node.install(&["--conf-name", "00-plexus.conf"]);
+    let c = node.read_json("00-plexus.conf");
+    assert_eq!(c["cniVersion"], "0.3.1");
+    assert!(c.get("cniVersions").is_none(), "{c}");
+    assert!(
+        stderr.contains("cannot offer cniVersions") && stderr.contains("STATUS"),
+        "{stderr}"
+    );
     assert!(!node.conf("00-plexus.conflist").exists());
 }
 
