@@ -1,4 +1,4 @@
-//! Node tier: a real kubelet v1.36 and containerd 1.6 (`plexus_e2e::realk8s::node`) registered
+//! Node tier: a real kubelet v1.36 and containerd 2.3 (`plexus_e2e::realk8s::node`) registered
 //! with a real kube-apiserver, the CNI config and plugins in directories of the node's own, the
 //! cluster network a real overlay laid out as its installer does (`plexus_e2e::realk8s::overlay`:
 //! flanneld + flannel's `10-flannel.conflist`, then calico + calico-ipam's `10-calico.conflist`
@@ -37,11 +37,12 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
-use plexus_e2e::realk8s::node::{cni_netns, wait_for, Node};
+use plexus_e2e::realk8s::node::{cni_netns, use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{selected_overlays, InstallSh, OverlayNode};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtime_log;
+use plexus_e2e::realk8s::runtimes::Containerd;
 use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, Proc, Suite};
 use serde_json::{json, Value};
 
@@ -80,7 +81,53 @@ fn main() -> ExitCode {
         ensure_gone_after_stop(&tier);
         drop(tier);
     }
+    // The compatibility tier: Debian's containerd 1.6 (end of life upstream; kubelet 1.36 is
+    // the last to support it), on both overlays, with the compact list of compat_cases.
+    use_containerd(Containerd::V1_6);
+    for (kind, octet, _) in
+        selected_overlays(&[(Kind::Flannel, 246, false), (Kind::Calico, 243, false)])
+    {
+        let Some(mut tier) = setup_or_report("real_node", &cp, Tier::start(&cp, kind, octet))
+        else {
+            return ExitCode::FAILURE;
+        };
+        compat_cases(&mut suite, &mut tier);
+        tier.overlay.stop();
+        tier.node.stop();
+        ensure_gone_after_stop(&tier);
+        drop(tier);
+    }
+    use_containerd(Containerd::V2);
     suite.finish()
+}
+
+/// containerd 1.6's cases on one overlay: plexus installed by install.sh, pods with 0, 1 and 3
+/// extra networks (traffic on each interface, nothing left after delete), then containerd
+/// restarted and the same again.
+fn compat_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
+    assert_eq!(tier.node.containerd_line(), Containerd::V1_6);
+    let k = tier.overlay.kind().name();
+    let name = |c: &str| format!("{k}/containerd_1_6/{c}");
+    let installed = tier.install();
+    let ok = installed.is_ok();
+    suite.case(
+        &name("install_sh_run_with_the_daemonsets_environment"),
+        || installed,
+    );
+    if !ok {
+        return;
+    }
+    suite.case(
+        &name("pods_with_0_1_and_3_extra_networks_traffic_on_each_nothing_left"),
+        || tier.extra_networks(),
+    );
+    suite.case(
+        &name("containerd_restarted_then_pods_get_every_network_again"),
+        || {
+            tier.node.restart_containerd()?;
+            tier.extra_networks()
+        },
+    );
 }
 
 /// The cases on one overlay, in order; `full`: all of them, else the compact list.
@@ -389,12 +436,8 @@ impl<'a> Tier<'a> {
     /// install.sh's config: `.conflist` for a 1.x primary, `.conf` for a 0.x one (flannel's
     /// and calico's installers write cniVersion 0.3.1).
     fn plexus_conf(&self) -> PathBuf {
-        let list = self.node.conf_dir().join("00-plexus.conflist");
-        if self.overlay.kind() == Kind::Bridge {
-            list
-        } else {
-            self.node.conf_dir().join("00-plexus.conf")
-        }
+        // A conflist whatever the primary's version: it carries `cniVersions` (install.sh).
+        self.node.conf_dir().join("00-plexus.conflist")
     }
 
     /// (sandbox ID, netns path) of a running pod.

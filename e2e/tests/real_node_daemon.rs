@@ -40,7 +40,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
-use plexus_e2e::realk8s::node::{wait_for, Node};
+use plexus_e2e::realk8s::node::{use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
     scrape_metric, selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
 };
@@ -48,6 +48,7 @@ use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtime_log;
+use plexus_e2e::realk8s::runtimes::Containerd;
 use plexus_e2e::realk8s::{
     control_plane_or_skip, free_port, setup_or_report, ControlPlane, Proc, Suite,
 };
@@ -89,7 +90,55 @@ fn main() -> ExitCode {
         let _ = std::fs::remove_dir(tier.run_dir());
         drop(tier);
     }
+    // The compatibility tier: Debian's containerd 1.6 on both overlays, compact.
+    use_containerd(Containerd::V1_6);
+    for (kind, octet, _) in
+        selected_overlays(&[(Kind::Flannel, 248, false), (Kind::Calico, 249, false)])
+    {
+        let started = Tier::start(&cp, kind, octet);
+        let Some(mut tier) = setup_or_report("real_node_daemon", &cp, started) else {
+            return ExitCode::FAILURE;
+        };
+        compat_cases(&mut suite, &mut tier);
+        tier.daemon.take();
+        tier.installer.take();
+        tier.overlay.stop();
+        tier.node.stop();
+        let _ = std::fs::remove_file(tier.socket());
+        let _ = std::fs::remove_dir(tier.run_dir());
+        drop(tier);
+    }
+    use_containerd(Containerd::V2);
     suite.finish()
+}
+
+/// containerd 1.6's cases on one overlay: the daemon installed, pods served by it (every
+/// network, network-status), containerd restarted and pods served again, then every pod
+/// deleted with nothing left.
+fn compat_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
+    assert_eq!(tier.node.containerd_line(), Containerd::V1_6);
+    let k = tier.overlay.kind().name();
+    let name = |c: &str| format!("{k}/containerd_1_6/{c}");
+    let installed = tier.install();
+    let ok = installed.is_ok();
+    suite.case(&name("daemon_started_and_install_sh_run"), || installed);
+    if !ok {
+        return;
+    }
+    suite.case(
+        &name("pods_running_with_network_status_served_by_the_daemon"),
+        || tier.batch("before", 3, 3),
+    );
+    suite.case(
+        &name("containerd_restarted_pods_created_after_it_served_by_the_daemon"),
+        || {
+            tier.node.restart_containerd()?;
+            tier.batch("after", 2, 2)
+        },
+    );
+    suite.case(&name("every_pod_deleted_nothing_left_on_the_node"), || {
+        tier.delete_all()
+    });
 }
 
 /// The cases on one overlay, in order; `full`: all of them, else the compact list.
