@@ -86,19 +86,41 @@ fi
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
+# The guest's writable directories, whether or not the host has them (a machine that never ran
+# a node has no /var/lib/kubelet nor /var/lib/cni, and the 9p root is read-only):
+#  1. each one the host lacks is created on a writable layer: where an ancestor is already
+#     writable (made so by an earlier step) a plain mkdir; else an overlay over its deepest
+#     existing ancestor, the host's directory the read-only lower layer and a tmpfs the upper,
+#     so that directory's other entries (/var/lib/dpkg, …) stay visible as they are;
+#  2. then every one gets a tmpfs of its own: empty, whatever the host keeps there (a host
+#     kubelet's state must not leak into the guest's node).
 # The host directories the run needs (plexus.keep: the checkout and the target directory) stay
-# visible when they lie under one of the tmpfs mounts below: bound aside first, back on top after.
+# the host's own wherever they are: bound aside first, back on top after.
+writable="/run /tmp /var/tmp /var/lib/cni /var/lib/kubelet /var/log"
 keep="$(arg plexus.keep)"
 n=0
 IFS=,
 for k in $keep; do
-  case "$k" in /run/* | /tmp/* | /var/tmp/* | /var/lib/cni/* | /var/lib/kubelet/* | /var/log/*) ;; *) continue ;; esac
+  [ -d "/host$k" ] || continue
   mkdir -p "/keep/$n" && mount -o bind "/host$k" "/keep/$n" && echo "$k" >"/keep/$n.path"
   n=$((n + 1))
 done
 unset IFS
-for d in /host/run /host/tmp /host/var/tmp /host/var/lib/cni /host/var/lib/kubelet /host/var/log; do
-  [ -d "$d" ] && mount -t tmpfs tmpfs "$d"
+ov=0
+for d in $writable; do
+  [ -d "/host$d" ] && continue
+  mkdir -p "/host$d" 2>/dev/null && continue
+  a="${d%/*}"
+  while [ -n "$a" ] && [ ! -d "/host$a" ]; do a="${a%/*}"; done
+  [ -n "$a" ] || { echo "vm-init: no ancestor of $d to lay an overlay on"; continue; }
+  u="/overlay/$ov"
+  ov=$((ov + 1))
+  mkdir -p "$u" && mount -t tmpfs tmpfs "$u" && mkdir -p "$u/upper" "$u/work" &&
+    mount -t overlay overlay -o "lowerdir=/host$a,upperdir=$u/upper,workdir=$u/work" "/host$a" &&
+    mkdir -p "/host$d" || echo "vm-init: cannot make $d writable (overlay on $a)"
+done
+for d in $writable; do
+  mount -t tmpfs tmpfs "/host$d" || echo "vm-init: no tmpfs on $d"
 done
 for f in /keep/*.path; do
   [ -f "$f" ] || continue

@@ -144,7 +144,7 @@ pub fn run(pf: &Pf, outdir: &Path, filters: &[String], record: Record<'_>) {
                 "secs":t.elapsed().as_secs_f64(),"detail":""}),
             );
             record(json!({"note": format!(
-                "node in the VM (containerd, kubelet, flanneld, install.sh, sriovdp) ready in {:.1} s",
+                "node in the VM (containerd 2.3 on cgroup v2, kubelet, flanneld, install.sh, sriovdp) ready in {:.1} s",
                 t.elapsed().as_secs_f64())}));
             n
         }

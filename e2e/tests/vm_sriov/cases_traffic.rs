@@ -271,6 +271,15 @@ struct Seen {
     check: &'static str,
     did: String,
     ok: Option<bool>,
+    /// The plugin attached the check's pair (its ADDs succeeded and the VFs got carrier).
+    ran: bool,
+}
+
+/// What one check's pair did: the packets (or the refusal), the judgement, whether it ran.
+struct Tried {
+    did: String,
+    ok: Option<bool>,
+    ran: bool,
 }
 
 /// Runs `f` on a fresh pair, or reports the ADD's refusal (not as expected) and DEL failures.
@@ -281,16 +290,24 @@ fn with_pair(
     a: Value,
     b: Value,
     f: impl FnOnce(&Pair<'_>) -> (String, Option<bool>),
-) -> (String, Option<bool>) {
+) -> Tried {
     match Pair::add(t, p, id, a, b) {
-        Err(e) => (e, Some(false)),
+        Err(did) => Tried {
+            did,
+            ok: Some(false),
+            ran: false,
+        },
         Ok(mut pair) => {
             let (did, ok) = f(&pair);
             let errs = pair.del();
             if errs.is_empty() {
-                (did, ok)
+                Tried { did, ok, ran: true }
             } else {
-                (format!("{did}; {}", errs.join("; ")), Some(false))
+                Tried {
+                    did: format!("{did}; {}", errs.join("; ")),
+                    ok: Some(false),
+                    ran: true,
+                }
             }
         }
     }
@@ -300,7 +317,14 @@ fn with_pair(
 /// attaches to VF 0 and VF 1 of one PF (its internal switch carries them).
 fn conformance(t: &T<'_>, p: &Plugin<'_>) -> Vec<Seen> {
     let mut v = Vec::new();
-    let mut push = |check, (did, ok): (String, Option<bool>)| v.push(Seen { check, did, ok });
+    let mut push = |check, Tried { did, ok, ran }| {
+        v.push(Seen {
+            check,
+            did,
+            ok,
+            ran,
+        })
+    };
     push(
         "same VLAN (100, QoS 3) passes both ways",
         with_pair(
@@ -482,11 +506,18 @@ fn conformance(t: &T<'_>, p: &Plugin<'_>) -> Vec<Seen> {
     // igb has no VF link state (ndo_set_vf_link_state is not implemented: EOPNOTSUPP): the ADD
     // must be refused then, which the rollback cases check in full; not judged here.
     let link = match link {
-        (e, Some(false))
-            if e.starts_with("ADD refused")
-                && (e.contains("os error 95") || e.contains("not supported")) =>
+        Tried {
+            did,
+            ok: Some(false),
+            ran: false,
+        } if did.starts_with("ADD refused")
+            && (did.contains("os error 95") || did.contains("not supported")) =>
         {
-            (e, None)
+            Tried {
+                did,
+                ok: None,
+                ran: false,
+            }
         }
         other => other,
     };
@@ -529,10 +560,11 @@ fn conformance(t: &T<'_>, p: &Plugin<'_>) -> Vec<Seen> {
     );
     push(
         "a VF handed to the next pod carries its MAC and VLAN",
-        (
-            format!("{}; {}", first.0, second.0),
-            Some(first.1 == Some(true) && second.1 == Some(true)),
-        ),
+        Tried {
+            did: format!("{}; {}", first.did, second.did),
+            ok: Some(first.ok == Some(true) && second.ok == Some(true)),
+            ran: first.ran && second.ran,
+        },
     );
     v
 }
@@ -577,7 +609,8 @@ fn put_back(t: &T<'_>, i: u32, before: &VfSnap) {
 }
 
 /// The conformance checks through `sriov` (asserted) and, when the host found it, through
-/// sriov-cni on the same VFs (recorded side by side; the VFs are put back after it).
+/// sriov-cni on the same VFs (recorded side by side, its differences marked ✗; the case fails
+/// when sriov-cni could not run at all; the VFs are put back after it).
 fn settings_by_packets(t: &T<'_>) {
     let sriov = Plugin {
         label: "sriov",
@@ -631,12 +664,33 @@ fn settings_by_packets(t: &T<'_>) {
     t.note(format!(
         "SR-IOV conformance by packets on two igbvf VFs of one PF:{table}"
     ));
-    let wrong: Vec<String> = ours
+    let mut wrong: Vec<String> = ours
         .iter()
         .filter(|s| s.ok == Some(false))
         .map(|s| format!("{}: {}", s.check, s.did))
         .collect();
+    // The peer's ✗ marks are differences, not failures; a peer that could not run at all is.
+    if let Some((label, seen)) = &theirs {
+        wrong.extend(cannot_run(label, seen));
+    }
     assert!(wrong.is_empty(), "{}\n{}", wrong.join("\n"), driver_log());
+}
+
+/// Why a peer's column says nothing about the peer, if it does not: the basic check (the same
+/// VLAN both ways, what every SR-IOV CNI does) could not attach its pair, or no check could
+/// (a binary that does not start, a state directory it cannot write…).
+fn cannot_run(label: &str, seen: &[Seen]) -> Option<String> {
+    let basic = seen.first()?;
+    if seen.iter().any(|s| s.ran) && basic.ran {
+        return None;
+    }
+    let ran = seen.iter().filter(|s| s.ran).count();
+    Some(format!(
+        "{label} could not run: {ran} of {} checks attached their pair, and not \"{}\": {}",
+        seen.len(),
+        basic.check,
+        basic.did
+    ))
 }
 
 /// sriov-cni in the guest: the path the host found (`$PLEXUS_VM_OUT/peers.json`).

@@ -1,4 +1,6 @@
-//! Inside the VM: a real Kubernetes node on the SR-IOV VM. containerd 1.6 + kubelet v1.36
+//! Inside the VM: a real Kubernetes node on the SR-IOV VM. containerd 2.3 (the host unpacked it
+//! into the target directory, which the VM sees at the same path; config version 3, cgroupfs on
+//! the guest's cgroup v2) + kubelet v1.36
 //! (root dir `/var/lib/kubelet`, a tmpfs of the VM, so the device-plugin and pod-resources
 //! sockets are where every agent expects them), registered with the host's kube-apiserver
 //! (`node_host`), flanneld `--kube-subnet-mgr` on the node's own NIC as the cluster network,
@@ -13,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use plexus_e2e::realk8s::cri::Cri;
+use plexus_e2e::realk8s::runtimes::{Containerd, ContainerdBins};
 use serde_json::{json, Value};
 
 use crate::vf::{sh, wait_for};
@@ -29,6 +32,10 @@ pub const WHEREABOUTS_CONF: &str = "/tmp/node/cni/net.d/whereabouts.d/whereabout
 pub const RESOURCE: &str = "intel.com/sriov_igb";
 /// The VF device-info files sriovdp writes.
 pub const DEVINFO_DIR: &str = "/var/run/k8s.cni.cncf.io/devinfo/dp";
+/// What the Node must report as its runtime (`status.nodeInfo.containerRuntimeVersion`).
+pub const RUNTIME_VERSION: &str = "containerd://2.3.";
+/// Present only on a cgroup v2 hierarchy.
+const CGROUP_V2_PROBE: &str = "/sys/fs/cgroup/cgroup.controllers";
 /// The kubelet's pod-resources socket.
 pub const POD_RESOURCES_SOCK: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
@@ -40,6 +47,8 @@ pub struct Node {
     pub cfg: Value,
     /// The address the kubelet reports (`--node-ip`).
     node_ip: String,
+    /// containerd 2.3's programs (node.json `containerd_dir`).
+    containerd: ContainerdBins,
     procs: Vec<(String, Child)>,
 }
 
@@ -187,10 +196,18 @@ impl Node {
             &std::fs::read(src.join("node.json")).map_err(|e| format!("node.json: {e}"))?,
         )
         .map_err(|e| e.to_string())?;
+        let containerd = ContainerdBins {
+            line: Containerd::V2,
+            dir: cfg["containerd_dir"]
+                .as_str()
+                .ok_or("node.json names no containerd_dir (containerd 2.3's programs)")?
+                .into(),
+        };
         let mut node = Node {
             name: cfg["name"].as_str().unwrap_or("vm-node").to_string(),
             cfg,
             node_ip: API_IP.into(),
+            containerd,
             procs: Vec::new(),
         };
         for d in [
@@ -280,13 +297,20 @@ impl Node {
         let _ =
             std::os::unix::fs::symlink(self.s("sriov_cni"), Path::new(BIN_DIR).join("sriov-cni"));
 
-        // containerd
+        // containerd 2.3 on the guest's cgroup v2 (the initramfs mounts cgroup2 on
+        // /sys/fs/cgroup; v1 would have no cgroup.controllers there).
+        if !Path::new(CGROUP_V2_PROBE).exists() {
+            return Err(format!(
+                "the VM has no cgroup v2 ({CGROUP_V2_PROBE} missing): the initramfs did not mount cgroup2"
+            ));
+        }
         std::fs::write(p("containerd/config.toml"), containerd_config())
             .map_err(|e| e.to_string())?;
         self.start_containerd()?;
         let sock = p("containerd/containerd.sock").display().to_string();
+        let ctr_bin = self.containerd.ctr().display().to_string();
         let ctr = |a: &[&str]| {
-            let mut v = vec!["ctr", "--address", &sock, "-n", "k8s.io"];
+            let mut v = vec![ctr_bin.as_str(), "--address", &sock, "-n", "k8s.io"];
             v.extend_from_slice(a);
             sh(&v)
         };
@@ -302,6 +326,16 @@ impl Node {
         })
         .ok_or("the kubelet did not register the Node in 120 s")?;
         let t_reg = t0.elapsed();
+        let runtime = self.get(&["node", &name])?["status"]["nodeInfo"]["containerRuntimeVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if !runtime.starts_with(RUNTIME_VERSION) {
+            return Err(format!(
+                "the Node reports runtime {runtime:?}, not {RUNTIME_VERSION}* (containerd from {})",
+                self.containerd.dir.display()
+            ));
+        }
 
         // flannel: the Node's podCIDR (no controller-manager), flanneld on the node's NIC.
         self.kubectl(&[
@@ -378,6 +412,10 @@ impl Node {
                 .unwrap_or(false)
         })
         .ok_or("the Node did not become Ready in 120 s")?;
+        // The kubelet's cgroupfs driver made its QoS hierarchy as cgroup v2 groups.
+        if !Path::new("/sys/fs/cgroup/kubepods/cgroup.controllers").exists() {
+            return Err("the Ready node has no cgroup v2 group /sys/fs/cgroup/kubepods".into());
+        }
         // The kubelet registers with node.kubernetes.io/not-ready:NoSchedule; the node
         // lifecycle controller (kube-controller-manager, not run here) would lift it once Ready.
         self.kubectl(&[
@@ -404,7 +442,7 @@ impl Node {
         })
         .ok_or("the Node's allocatable never showed intel.com/sriov_igb (120 s)")?;
         println!(
-            "vm-node: containerd {:.1} s, Node registered {:.1} s, Ready (flannel + plexus) {:.1} s, {RESOURCE} allocatable {:.1} s",
+            "vm-node: {runtime} on cgroup v2: containerd {:.1} s, Node registered {:.1} s, Ready (flannel + plexus) {:.1} s, {RESOURCE} allocatable {:.1} s",
             t_cd.as_secs_f64(),
             t_reg.as_secs_f64(),
             t_ready.as_secs_f64(),
@@ -413,16 +451,18 @@ impl Node {
         Ok(())
     }
 
-    /// Starts (or restarts) containerd and waits for its socket.
+    /// Starts (or restarts) containerd 2.3 and waits for its CRI: its own directory first on
+    /// its `PATH`, so it starts its own shim (not Debian's 1.6 one).
     pub fn start_containerd(&mut self) -> Result<(), String> {
+        let path = self.containerd.path_env().to_string_lossy().into_owned();
         let c = spawn(
             "containerd",
-            "containerd",
+            &self.containerd.containerd().display().to_string(),
             &[
                 "--config".into(),
                 p("containerd/config.toml").display().to_string(),
             ],
-            &[],
+            &[("PATH", path)],
         )?;
         self.procs.push(("containerd".into(), c));
         // Its own API answers before the CRI plugin has recovered its state; the kubelet's
@@ -551,8 +591,8 @@ impl Node {
         Ok(())
     }
 
-    /// Starts dra-driver-sriov in MULTUS mode (containerd 1.6 has no NRI) with the kubelet's
-    /// own plugin dirs.
+    /// Starts dra-driver-sriov in MULTUS mode (the node's containerd runs with NRI off) with the
+    /// kubelet's own plugin dirs.
     pub fn start_dra(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(p("cdi")).map_err(|e| e.to_string())?;
         let d = spawn(
@@ -692,6 +732,8 @@ fn kubelet_config(sock: &str) -> String {
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
+# cgroup v2, cgroupfs: no systemd runs in the VM (PID 1 is the initramfs' busybox sh), so the
+# systemd driver has no manager to ask for its slices and scopes.
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: "unix://{sock}"
 address: 127.0.0.1

@@ -7,7 +7,8 @@
 //! to 10.0.2.100:<port>.
 //!
 //! Everything the guest needs goes into `<out>/node/` (the writable 9p share): `node.json`
-//! (paths of the binaries, which the guest sees at the same paths over the read-only host root,
+//! (paths of the binaries, containerd 2.3's unpacked here, which the guest sees at the same
+//! paths over the read-only host root,
 //! the port, the node name), the kubelet's and the admin's kubeconfigs, plexus' ServiceAccount
 //! token and the pause image.
 
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use plexus_e2e::realk8s::bins::{find_usable, target_dir};
+use plexus_e2e::realk8s::runtimes::{Containerd, ContainerdBins};
 use plexus_e2e::realk8s::{pause, ControlPlane, K8sBins, Proc};
 use serde_json::json;
 
@@ -79,6 +81,9 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
     let dra = need(&stack, "dra-driver-sriov")?;
     let peers = dir_of("PLEXUS_PEERS_BIN", "peers");
     let sriov_cni = need(&peers, "sriov-cni")?;
+    // containerd 2.3 (with its shim and ctr), unpacked here: the guest's root is read-only, and
+    // it sees the target directory at the same path.
+    let containerd = ContainerdBins::find(Containerd::V2)?;
     // The second kubelet node's case needs real whereabouts and kube-controller-manager.
     let ipam = dir_of("PLEXUS_IPAM_BIN", "ipam");
     let whereabouts = find_usable(&ipam, "whereabouts")?;
@@ -154,6 +159,7 @@ pub fn prepare(out: &Path, second: Option<&Path>) -> Result<Option<NodeHost>> {
         "sriovdp": sriovdp,
         "dra": dra,
         "sriov_cni": sriov_cni,
+        "containerd_dir": containerd.dir,
         "plexus_src": bin_dir(),
         "install_sh": repo.join("deploy/install.sh").canonicalize()?,
         "target": target_dir(),
