@@ -46,6 +46,7 @@ SKIP_BINARIES=false
 SKIP_KUBECONFIG=false
 WATCH=false
 WATCH_INTERVAL=${PLEXUS_WATCH_INTERVAL:-5}
+RECONCILE_INTERVAL=${PLEXUS_RECONCILE_INTERVAL:-60}
 READY_FILE=${PLEXUS_READY_FILE:-}
 UNINSTALL=${PLEXUS_UNINSTALL:-false}
 STATE_DIR=${PLEXUS_STATE_DIR:-}
@@ -97,6 +98,8 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
                                                                /var/lib/cni/plexus]
   --cni-cache-dir DIR       the runtime's libcni result cache  [/var/lib/cni/results]
   --uninstall-settle SECONDS  wait for calls in flight after each config change  [10]
+With --watch, thin mode's node reconciler runs every PLEXUS_RECONCILE_INTERVAL seconds [60] (0: never):
+`plexus-daemon reconcile` from the src dir over the published config (docs/daemon.md).
 Kubernetes API address: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT and optionally
 KUBERNETES_SERVICE_PROTOCOL (https).
 EOF
@@ -695,6 +698,19 @@ fi
 
 [ "$WATCH" = true ] || exit 0
 
+# Thin mode's node reconciler (docs/daemon.md): no runtime sends GC, so every
+# RECONCILE_INTERVAL seconds (the first watch pass too) one bounded pass releases the plans of
+# sandboxes the runtime no longer lists. A daemon-mode config is left to the daemon.
+LAST_RECONCILE=0
+reconcile_due() {
+	[ "$RECONCILE_INTERVAL" -gt 0 ] && [ -x "$SRC_DIR/plexus-daemon" ] || return 0
+	now=$(date +%s)
+	[ $((now - LAST_RECONCILE)) -ge "$RECONCILE_INTERVAL" ] || return 0
+	LAST_RECONCILE=$now
+	timeout 300 "$SRC_DIR/plexus-daemon" reconcile --config "$PUBLISHED_PATH" --cni-path "$BIN_DIR" ||
+		log "node reconciler pass failed (exit $?)"
+}
+
 log "watching every ${WATCH_INTERVAL}s"
 MISSING_LOGGED=false
 while :; do
@@ -702,6 +718,7 @@ while :; do
 	SLEEP_PID=$!
 	wait "$SLEEP_PID" || true
 	SLEEP_PID=
+	reconcile_due
 	if [ "$SKIP_KUBECONFIG" = false ]; then
 		if [ "$(creds_hash)" != "$CREDS" ]; then
 			log "service account token or CA changed"

@@ -135,6 +135,15 @@ pub struct PlexusConfig {
     /// while pods attached earlier are still DELed from their plans.
     #[serde(default)]
     pub uninstalling: bool,
+    /// Plexus: the container runtime's CRI socket the node reconciler lists live sandboxes on
+    /// (a path or `unix://PATH`); empty: the one of containerd's and CRI-O's default sockets
+    /// that exists; `none`: no reconciler (docs/daemon.md).
+    #[serde(default)]
+    pub runtime_endpoint: String,
+    /// Plexus: the node reconciler leaves plans younger than this alone (sandboxes being
+    /// created are not listed by the runtime yet), seconds.
+    #[serde(default = "default_reconcile_grace")]
+    pub reconcile_grace_seconds: u64,
     /// Runtime-provided previous result (plexus as a chained plugin; unused).
     #[serde(default)]
     pub prev_result: Option<Value>,
@@ -175,6 +184,9 @@ fn default_device_checkpoint() -> String {
 }
 fn default_device_info_dir() -> String {
     crate::k8s::devinfo::DEFAULT_DIR.into()
+}
+fn default_reconcile_grace() -> u64 {
+    120
 }
 fn default_pod_timeout() -> u64 {
     2500

@@ -6,8 +6,11 @@
 //! back, see [`crate::shim`]) and the calls already accepted finish.
 
 pub mod cache;
+pub mod cri;
 pub mod metrics;
 pub mod protocol;
+pub mod reconcile;
+pub mod reconcile_run;
 pub mod server;
 /// The background network-status writer (in the report stage; kept under this name).
 pub use crate::report::background as status;
@@ -63,6 +66,11 @@ pub struct DaemonConfig {
     /// The host's `/` as mounted in the daemon's container (`/hostroot`); delegates are exec'd
     /// chrooted into it, so they see the host's files (docs/daemon.md). Empty: no chroot.
     pub host_root: String,
+    /// How often the node reconciler runs ([`reconcile`]), seconds; 0: never.
+    pub reconcile_interval_seconds: u64,
+    /// A plexus CNI config the reconciler covers besides the configs of the calls served;
+    /// empty: `/etc/cni/net.d/00-plexus.conflist` or `.conf`, when there is one.
+    pub cni_config: String,
 }
 
 impl Default for DaemonConfig {
@@ -82,6 +90,8 @@ impl Default for DaemonConfig {
             log_file: String::new(),
             status_in_call: false,
             host_root: String::new(),
+            reconcile_interval_seconds: 60,
+            cni_config: String::new(),
         }
     }
 }
@@ -92,13 +102,15 @@ const QUEUE_SIZE: (u64, u64) = (0, 65_536);
 const POD_WAIT_MS: (u64, u64) = (0, 600_000);
 const DRAIN_SECONDS: (u64, u64) = (0, 3600);
 const API_TIMEOUT_MS: (u64, u64) = (100, 600_000);
+const RECONCILE_INTERVAL_SECONDS: (u64, u64) = (0, 86_400);
 
 const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
                      [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
                      [--log-level LEVEL] [--log-file PATH] [--status-in-call]
-                     [--host-root DIR]";
+                     [--host-root DIR] [--reconcile-interval SECONDS] [--cni-config FILE]
+       plexus daemon reconcile --config FILE ...   (one node reconciler pass; --help)";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).
@@ -130,6 +142,8 @@ impl DaemonConfig {
                 "--log-file" => cfg.log_file = val()?,
                 "--status-in-call" => cfg.status_in_call = true,
                 "--host-root" => cfg.host_root = val()?,
+                "--reconcile-interval" => cfg.reconcile_interval_seconds = num(val()?)?,
+                "--cni-config" => cfg.cni_config = val()?,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -141,12 +155,17 @@ impl DaemonConfig {
     /// panics) or never end is refused at start, naming the field and its range.
     fn check_bounds(&self) -> Result<(), String> {
         use plexus_conf::bounds::check;
-        let fields: [(&str, u64, (u64, u64)); 5] = [
+        let fields: [(&str, u64, (u64, u64)); 6] = [
             ("maxConcurrent", self.max_concurrent as u64, MAX_CONCURRENT),
             ("queueSize", self.queue_size as u64, QUEUE_SIZE),
             ("podWaitMs", self.pod_wait_ms, POD_WAIT_MS),
             ("drainSeconds", self.drain_seconds, DRAIN_SECONDS),
             ("apiTimeoutMs", self.api_timeout_ms, API_TIMEOUT_MS),
+            (
+                "reconcileIntervalSeconds",
+                self.reconcile_interval_seconds,
+                RECONCILE_INTERVAL_SECONDS,
+            ),
         ];
         for (field, value, range) in fields {
             check(field, value, range).map_err(|e| format!("{}: {}", e.msg, e.details))?;
@@ -181,6 +200,7 @@ impl DaemonPlugin<'_> {
         let ctx = Ctx::new(args, None)?.with_shared(s.handle.clone(), s.client.clone());
         drop(phase);
         crate::claims_pending::note_dir(std::path::Path::new(&ctx.config.cni_dir));
+        reconcile_run::note_call(&ctx.config.cni_dir, &args.stdin, &args.path);
         if let (Some(client), true) = (&s.client, status::background()) {
             // Writes a killed daemon left unsent (the first call for this cniDir only).
             let dir = std::path::Path::new(&ctx.config.cni_dir);
@@ -286,6 +306,9 @@ async fn build_client(cfg: &DaemonConfig) -> Result<Option<KubeClient>, String> 
 
 /// `plexus daemon …`: run until SIGTERM/SIGINT; returns the exit code.
 pub fn main(argv: &[String]) -> i32 {
+    if argv.first().map(String::as_str) == Some("reconcile") {
+        return reconcile_run::main(&argv[1..]);
+    }
     if argv.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
         return 0;
@@ -319,6 +342,10 @@ pub fn main(argv: &[String]) -> i32 {
         }
     }
 }
+
+/// When the daemon's first reconciler pass runs: once the calls right after a start (a restart
+/// under load) have named their configs.
+const RECONCILE_FIRST: Duration = Duration::from_secs(10);
 
 /// How often the daemon releases the address claims DELs could not (the API server was down).
 const CLAIM_SWEEP: Duration = Duration::from_secs(60);
@@ -372,6 +399,15 @@ fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
         rt.spawn(metrics::serve(l, Arc::clone(&metrics), Arc::clone(&caches)));
     }
     status::set_background(!cfg.status_in_call);
+    if cfg.reconcile_interval_seconds > 0 {
+        reconcile_run::spawn_in_daemon(
+            rt.handle().clone(),
+            client.clone(),
+            cfg.cni_config.clone(),
+            Duration::from_secs(cfg.reconcile_interval_seconds),
+            RECONCILE_FIRST,
+        );
+    }
     let path = PathBuf::from(&cfg.socket_path);
     let listener = server::bind(&path).map_err(|e| format!("socket {}: {e}", path.display()))?;
     let shared = Arc::new(Shared {

@@ -5,6 +5,7 @@ use crate::context::Ctx;
 use crate::error::MetaError;
 use crate::plan::requests as planner;
 use crate::plan::resolve::{self, NetRef};
+use crate::state::SavedPlan;
 use plexus_conf::netconf::NetConfList;
 use plexus_delegates::skel::CmdArgs;
 use serde_json::Value;
@@ -167,6 +168,32 @@ fn clip(v: &Value) -> String {
     s
 }
 
+/// Release everything a saved plan holds, as a DEL of a container the runtime no longer has:
+/// the delegates' DEL (IPAM leases, VFs; their result caches), then the plan itself, the
+/// attachments' device-info files and the address claims, and a tombstone for the runtime's
+/// own late DELs. `netns` is the namespace the delegates are given (`""`: none, only what lives
+/// outside the pod is released). The caller holds the container's lock. GC and the node
+/// reconciler ([`crate::daemon::reconcile`]) both come here.
+pub fn release_plan(ctx: &mut Ctx, plan: &SavedPlan, netns: &str) -> Result<(), MetaError> {
+    let label = plan
+        .pod
+        .as_ref()
+        .map(|p| format!("pod {}", p.key()))
+        .unwrap_or_else(|| format!("container {}", plan.container_id));
+    attach::del_all(
+        &ctx.runtime,
+        &plan.attachments,
+        &plan.container_id,
+        netns,
+        &label,
+    )?;
+    ctx.store.remove(&plan.container_id, &plan.ifname)?;
+    crate::devices::devinfo::remove(&plan.attachments);
+    crate::address_guard::release(ctx, plan.pod.as_ref(), &plan.claims);
+    ctx.store.finish_delete(&plan.container_id, &plan.ifname);
+    Ok(())
+}
+
 /// GC: DEL every saved plan the runtime no longer lists as valid, then forward GC to every
 /// known network with the attachments still valid on it. A GC whose valid-attachment list is
 /// missing or malformed changes nothing ([`gc_valid_attachments`]).
@@ -190,22 +217,8 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
                     continue;
                 }
             };
-            let label = format!("container {}", plan.container_id);
-            let res = attach::del_all(
-                &ctx.runtime,
-                &plan.attachments,
-                &plan.container_id,
-                "",
-                &label,
-            )
-            .and_then(|()| ctx.store.remove(&plan.container_id, &plan.ifname));
-            if res.is_ok() {
-                crate::devices::devinfo::remove(&plan.attachments);
-                crate::address_guard::release(ctx, plan.pod.as_ref(), &plan.claims);
-            }
-            match res {
-                Ok(()) => ctx.store.finish_delete(&plan.container_id, &plan.ifname),
-                Err(e) => errors.push(e),
+            if let Err(e) = release_plan(ctx, plan, "") {
+                errors.push(e);
             }
             drop(lock);
             continue;
