@@ -1,15 +1,18 @@
-//! A real node for the node tier: containerd (2.3 by default, 1.6 for the compatibility tier:
-//! [`use_containerd`]; its own config, root, state, socket, CNI dirs) and a kubelet v1.36
-//! registered with a [`ControlPlane`], with a locally built pause image. Everything lives under
-//! one temporary directory; the pods' cgroups under a cgroup root of its own. containerd and
-//! the kubelet run in mount namespaces of their own ([`mount_ns`]) where the fixed host paths
-//! they write (`/var/lib/cni`, `/var/lib/kubelet/device-plugins`, `/var/log/containers`) are
-//! the node's directories ([`Node::host_path`]). [`Node::stop`] (also run on drop) stops the kubelet, removes the remaining pod
-//! sandboxes through the CRI (which runs CNI DEL), stops containerd, unmounts what is left under
-//! its directory, removes the `cni-*` netns it created and the links it was told about.
+//! A real node for the node tier: a container runtime — containerd (2.3 by default, 1.6 for the
+//! compatibility tier: [`use_containerd`]) or CRI-O 1.36 ([`use_runtime`], [`crio`]); its own
+//! config, root, state, socket, CNI dirs — and a kubelet v1.36 registered with a
+//! [`ControlPlane`], with a locally built pause image. Everything lives under one temporary
+//! directory; the pods' cgroups under a cgroup root of its own. The runtime and the kubelet run
+//! in mount namespaces of their own ([`mount_ns`]) where the fixed host paths they write
+//! (`/var/lib/cni`, `/var/lib/kubelet/device-plugins`, `/var/log/containers`, CRI-O's
+//! `/var/lib/containers`) are the node's directories ([`Node::host_path`]). [`Node::stop`] (also
+//! run on drop) stops the kubelet, removes the remaining pod sandboxes through the CRI (which
+//! runs CNI DEL), stops the runtime and what it left running (shims, conmons), unmounts what is
+//! left under its directory, removes the pod netns it created and the links it was told about.
 //!
 //! Facts it relies on: `../shared/k8s/README.md` (kubelet settings for cgroup v1, containerd's
-//! `restrict_oom_score_adj`, the CRI's normalized image names).
+//! `restrict_oom_score_adj`, the CRI's normalized image names), `../shared/runtimes/README.md`
+//! (CRI-O's config, skopeo, its fully qualified image names).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -22,13 +25,14 @@ use serde_json::Value;
 
 mod config;
 pub use config::{containerd_1_6_config, containerd_config};
+pub mod crio;
 mod host;
 pub mod mount_ns;
 mod stale;
 
 use super::cri::Cri;
 use super::pause::{self, PAUSE_IMAGE};
-use super::runtimes::{Containerd, ContainerdBins};
+use super::runtimes::{Containerd, ContainerdBins, CrioBins, Runtime};
 use super::{tail, ControlPlane, K8sBins, Proc};
 
 pub(crate) use host::mount_points;
@@ -36,12 +40,26 @@ pub use host::{cni_netns, eth0_ipv4};
 use host::{ensure_run_netns_mounted, remove_links_into, unmount_under};
 use mount_ns::{share_node_dir, NodeMounts};
 
-/// The containerd release line of the nodes started from now on.
-static CONTAINERD: Mutex<Containerd> = Mutex::new(Containerd::V2);
+/// The runtime of the nodes started from now on.
+static RUNTIME: Mutex<Runtime> = Mutex::new(Runtime::Containerd(Containerd::V2));
 
 /// Start the next nodes on containerd `line` (2.3 unless a tier asks for 1.6).
 pub fn use_containerd(line: Containerd) {
-    *CONTAINERD.lock().unwrap_or_else(|e| e.into_inner()) = line;
+    use_runtime(Runtime::Containerd(line));
+}
+
+/// Start the next nodes on `runtime` (containerd 2.3 unless a tier asks otherwise).
+pub fn use_runtime(runtime: Runtime) {
+    *RUNTIME.lock().unwrap_or_else(|e| e.into_inner()) = runtime;
+}
+
+/// A node's runtime and its programs.
+#[derive(Clone, Debug)]
+pub(crate) enum Engine {
+    /// containerd (either line).
+    Containerd(ContainerdBins),
+    /// CRI-O.
+    Crio(CrioBins),
 }
 
 /// The host paths a node's processes write, and where they land under the node's directory
@@ -50,29 +68,30 @@ const REDIRECTED: &[&str] = &[
     "/var/lib/cni",
     "/var/lib/kubelet/device-plugins",
     "/var/log/containers",
+    "/var/lib/containers",
 ];
 
 /// Where Debian's CNI plugins are; the node's CNI bin dir links to them.
 pub const SYSTEM_CNI_BIN: &str = "/usr/lib/cni";
 
-/// A running containerd + kubelet. Drop (or [`Node::stop`]) cleans up.
+/// A running runtime (containerd or CRI-O) + kubelet. Drop (or [`Node::stop`]) cleans up.
 pub struct Node<'a> {
     cp: &'a ControlPlane,
     name: String,
     node_ip: String,
     cgroup_root: String,
     cri: Cri,
-    containerd_bins: ContainerdBins,
+    engine: Engine,
     netns_before: BTreeSet<String>,
     links: Mutex<Vec<String>>,
     kubelet: Mutex<Option<Proc>>,
-    containerd: Mutex<Option<Proc>>,
+    runtime: Mutex<Option<Proc>>,
     stopped: bool,
     dir: tempfile::TempDir,
 }
 
 impl<'a> Node<'a> {
-    /// Start containerd with `primary(node dir)` (a conflist, e.g.
+    /// Start the runtime ([`use_runtime`]) with `primary(node dir)` (a conflist, e.g.
     /// [`super::overlay::Overlay::conflist`]) as `<conf dir>/<conf_name>`, import the pause
     /// image, start the kubelet as node `name` and wait for the Node to be Ready.
     pub fn start(
@@ -93,26 +112,34 @@ impl<'a> Node<'a> {
         stale::sweep_dead_runs(dir.path());
         let netns_before = cni_netns();
         let cgroup_root = format!("/plexus-node-{}", std::process::id());
-        let line = *CONTAINERD.lock().unwrap_or_else(|e| e.into_inner());
-        let containerd_bins = ContainerdBins::find(line)?;
+        let line = *RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = match line {
+            Runtime::Containerd(l) => Engine::Containerd(ContainerdBins::find(l)?),
+            Runtime::Crio => Engine::Crio(CrioBins::find()?),
+        };
+        let socket = dir.path().join(match line {
+            Runtime::Containerd(_) => "containerd/containerd.sock",
+            Runtime::Crio => crio::SOCKET,
+        });
         let mut node = Node {
             cp,
             name: name.to_string(),
             node_ip,
             cgroup_root,
-            cri: Cri::new(&dir.path().join("containerd/containerd.sock")),
-            containerd_bins,
+            cri: Cri::new(&socket),
+            engine,
             netns_before,
             links: Mutex::new(Vec::new()),
             kubelet: Mutex::new(None),
-            containerd: Mutex::new(None),
+            runtime: Mutex::new(None),
             stopped: false,
             dir,
         };
         if let Err(e) = node.boot(bins, conf_name, primary) {
             let logs = format!(
-                "containerd.log:\n{}\nkubelet.log:\n{}",
-                tail(&node.path("containerd.log"), 15),
+                "{}:\n{}\nkubelet.log:\n{}",
+                node.runtime_log_name(),
+                tail(&node.path(node.runtime_log_name()), 15),
                 tail(&node.path("kubelet.log"), 25)
             );
             node.stop();
@@ -133,7 +160,7 @@ impl<'a> Node<'a> {
         conf_name: &str,
         primary: &dyn Fn(&Path) -> Value,
     ) -> Result<()> {
-        // Pod volumes the kubelet mounts here must reach containerd, both in namespaces of
+        // Pod volumes the kubelet mounts here must reach the runtime, both in namespaces of
         // their own: the node's directory is a shared mount point.
         share_node_dir(self.dir.path())?;
         for d in [
@@ -141,8 +168,6 @@ impl<'a> Node<'a> {
             "cni/net.d",
             "cni/ipam",
             "plexus",
-            "containerd/root",
-            "containerd/state",
             "kubelet/root",
             "kubelet/pki",
             "kubelet/pod-logs",
@@ -161,21 +186,11 @@ impl<'a> Node<'a> {
             serde_json::to_vec_pretty(&primary(self.dir.path()))?,
         )?;
         self.make_cgroup_root()?;
-
-        // containerd
-        std::fs::write(
-            self.path("containerd/config.toml"),
-            self.containerd_config(),
-        )?;
-        self.start_containerd()?;
-
-        // The pause image.
         let tarball = self.path("pause/pause-oci.tar");
         pause::build_image(&self.path("pause"), &tarball)?;
-        self.import_image(&tarball)?;
-        let images = self.ctr(&["images", "ls", "-q"])?;
-        if !images.lines().any(|l| l == PAUSE_IMAGE) {
-            bail!("{PAUSE_IMAGE} not in containerd after import: {images}");
+        match &self.engine {
+            Engine::Containerd(_) => self.boot_containerd(&tarball)?,
+            Engine::Crio(_) => self.boot_crio(&tarball)?,
         }
 
         // kubelet: a client certificate as system:node:<name> (the Node authorizer).
@@ -196,6 +211,24 @@ impl<'a> Node<'a> {
         })
     }
 
+    /// containerd's config, containerd, and the pause image in it.
+    fn boot_containerd(&self, pause_tarball: &Path) -> Result<()> {
+        for d in ["containerd/root", "containerd/state"] {
+            std::fs::create_dir_all(self.path(d))?;
+        }
+        std::fs::write(
+            self.path("containerd/config.toml"),
+            self.containerd_config(),
+        )?;
+        self.start_containerd()?;
+        self.import_image(pause_tarball)?;
+        let images = self.ctr(&["images", "ls", "-q"])?;
+        if !images.lines().any(|l| l == PAUSE_IMAGE) {
+            bail!("{PAUSE_IMAGE} not in containerd after import: {images}");
+        }
+        Ok(())
+    }
+
     /// Start containerd with the node's config and wait for its socket.
     fn start_containerd(&self) -> Result<()> {
         let args: Vec<String> = vec![
@@ -205,10 +238,11 @@ impl<'a> Node<'a> {
         let steps = NodeMounts::default()
             .redirect("/var/lib/cni", self.host_path("/var/lib/cni"))
             .prepare()?;
-        let path = self.containerd_bins.path_env();
+        let bins = self.containerd_bins();
+        let path = bins.path_env();
         let proc = Proc::spawn_with(
             "containerd",
-            &self.containerd_bins.containerd(),
+            &bins.containerd(),
             &args,
             &self.path("containerd.log"),
             |cmd| {
@@ -216,7 +250,7 @@ impl<'a> Node<'a> {
                 steps.install(cmd);
             },
         )?;
-        *self.containerd.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = Some(proc);
         wait_for("containerd's socket", Duration::from_secs(30), || {
             Ok(self.ctr(&["version"]).is_ok())
         })
@@ -265,19 +299,60 @@ impl<'a> Node<'a> {
         self.start_kubelet(self.cp.bins())
     }
 
-    /// Restart containerd as `systemctl restart containerd` does (its unit's `KillMode=process`:
-    /// SIGTERM to containerd alone; the pods' shims and any CNI plugin it is running go on), then
-    /// wait for its socket.
+    /// Restart the node's runtime ([`Node::restart_runtime`]; containerd on a containerd node).
     pub fn restart_containerd(&self) -> Result<()> {
+        self.restart_runtime()
+    }
+
+    /// Restart the runtime as `systemctl restart containerd` / `systemctl restart crio` does
+    /// (their units' `KillMode=process` / `mixed` main process first: SIGTERM to the runtime
+    /// alone; the pods' shims or conmons and any CNI plugin it is running go on), then wait for
+    /// its socket.
+    pub fn restart_runtime(&self) -> Result<()> {
         if let Some(mut c) = self
-            .containerd
+            .runtime
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
             c.stop_leader(Duration::from_secs(10));
         }
-        self.start_containerd()
+        match &self.engine {
+            Engine::Containerd(_) => self.start_containerd(),
+            Engine::Crio(_) => self.start_crio(),
+        }
+    }
+
+    /// Which runtime this node runs.
+    pub fn runtime(&self) -> Runtime {
+        match &self.engine {
+            Engine::Containerd(b) => Runtime::Containerd(b.line),
+            Engine::Crio(_) => Runtime::Crio,
+        }
+    }
+
+    /// The runtime's CRI socket.
+    pub fn runtime_socket(&self) -> PathBuf {
+        match &self.engine {
+            Engine::Containerd(_) => self.path("containerd/containerd.sock"),
+            Engine::Crio(_) => self.path(crio::SOCKET),
+        }
+    }
+
+    /// The runtime's log file name in the node's directory (`containerd.log`, `crio.log`).
+    pub fn runtime_log_name(&self) -> &'static str {
+        match &self.engine {
+            Engine::Containerd(_) => "containerd.log",
+            Engine::Crio(_) => "crio.log",
+        }
+    }
+
+    /// The containerd programs; a CRI-O node has none (a test's mistake: panics).
+    pub(crate) fn containerd_bins(&self) -> &ContainerdBins {
+        match &self.engine {
+            Engine::Containerd(b) => b,
+            Engine::Crio(_) => panic!("node {}: containerd asked of a CRI-O node", self.name),
+        }
     }
 
     /// The node's name (pods set `spec.nodeName` to it).
@@ -296,15 +371,16 @@ impl<'a> Node<'a> {
     }
 
     /// Where fixed host path `p` (one of `/var/lib/cni`, `/var/lib/kubelet/device-plugins`,
-    /// `/var/log/containers`, or below) is for this node's containerd, kubelet and CNI plugins.
+    /// `/var/log/containers`, `/var/lib/containers`, or below) is for this node's runtime,
+    /// kubelet and CNI plugins.
     pub fn host_path(&self, p: &str) -> PathBuf {
         debug_assert!(REDIRECTED.iter().any(|r| Path::new(p).starts_with(r)));
         self.path("host").join(p.trim_start_matches('/'))
     }
 
-    /// The containerd release line this node runs.
+    /// The containerd release line this node runs (a CRI-O node has none: panics).
     pub fn containerd_line(&self) -> Containerd {
-        self.containerd_bins.line
+        self.containerd_bins().line
     }
 
     /// The container logs the kubelet wrote for pod `ns/name` (all containers, all restarts).
@@ -329,12 +405,12 @@ impl<'a> Node<'a> {
         out
     }
 
-    /// containerd's CNI `bin_dir` (links to Debian's plugins; plexus is installed here).
+    /// The runtime's CNI bin dir (links to Debian's plugins; plexus is installed here).
     pub fn bin_dir(&self) -> PathBuf {
         self.path("cni/bin")
     }
 
-    /// containerd's CNI `conf_dir`.
+    /// The runtime's CNI conf dir.
     pub fn conf_dir(&self) -> PathBuf {
         self.path("cni/net.d")
     }
@@ -372,9 +448,12 @@ impl<'a> Node<'a> {
             .push(name.to_string());
     }
 
-    /// Run `ctr -n k8s.io` against this node's containerd; stdout.
+    /// Run `ctr -n k8s.io` against this node's containerd; stdout (an error on a CRI-O node).
     pub fn ctr(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(self.containerd_bins.ctr())
+        let Engine::Containerd(bins) = &self.engine else {
+            bail!("ctr {}: node {} runs CRI-O", args.join(" "), self.name);
+        };
+        let out = Command::new(bins.ctr())
             .arg("--address")
             .arg(self.path("containerd/containerd.sock"))
             .args(["-n", "k8s.io"])
@@ -391,10 +470,16 @@ impl<'a> Node<'a> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Import an OCI image tarball into the CRI's image store.
+    /// Import an OCI image tarball into the CRI's image store (containerd: `ctr images
+    /// import`; CRI-O: `skopeo copy` into its containers-storage, under the name in the
+    /// archive's index, which must be fully qualified).
     pub fn import_image(&self, tarball: &Path) -> Result<()> {
-        self.ctr(&["images", "import", &tarball.display().to_string()])
-            .map(drop)
+        match &self.engine {
+            Engine::Containerd(_) => self
+                .ctr(&["images", "import", &tarball.display().to_string()])
+                .map(drop),
+            Engine::Crio(bins) => self.skopeo_import(bins, tarball),
+        }
     }
 
     /// The ready sandbox of pod `uid`: (sandbox ID = CNI container ID, netns path).
@@ -405,17 +490,26 @@ impl<'a> Node<'a> {
             .into_iter()
             .find(|s| s.state == 0)
             .with_context(|| format!("no ready sandbox for pod {uid}"))?;
-        let netns = self.cri.sandbox_netns(&sb.id)?;
+        let netns = self.host_netns(&self.cri.sandbox_netns(&sb.id)?);
         Ok((sb.id, netns))
     }
 
-    /// The last `n` lines of the kubelet's and containerd's logs (for failure messages).
+    /// The last `n` lines of the kubelet's and the runtime's logs (for failure messages).
     pub fn logs(&self, n: usize) -> String {
         format!(
-            "--- kubelet.log\n{}\n--- containerd.log\n{}",
+            "--- kubelet.log\n{}\n--- {}\n{}",
             tail(&self.path("kubelet.log"), n),
-            tail(&self.path("containerd.log"), n)
+            self.runtime_log_name(),
+            tail(&self.path(self.runtime_log_name()), n)
         )
+    }
+
+    /// Whether the runtime answers (containerd: `ctr version`; CRI-O: a CRI call).
+    fn runtime_answers(&self) -> bool {
+        match &self.engine {
+            Engine::Containerd(_) => self.ctr(&["version"]).is_ok(),
+            Engine::Crio(_) => self.runtime_socket().exists() && self.cri.sandboxes(None).is_ok(),
+        }
     }
 
     /// Stop everything and clean up (idempotent; also run on drop). Failures are printed, not
@@ -436,12 +530,12 @@ impl<'a> Node<'a> {
         // Only this node's pod namespaces are removed below: other tiers (or helpers) may run
         // kubelets of their own meanwhile, whose `cni-*` namespaces are none of ours.
         let mut own_netns = Vec::new();
-        if self.ctr(&["version"]).is_ok() {
+        if self.runtime_answers() {
             match self.cri.sandboxes(None) {
                 Ok(sbs) => {
                     for sb in sbs {
                         if let Ok(ns) = self.cri.sandbox_netns(&sb.id) {
-                            own_netns.push(ns);
+                            own_netns.push(self.host_netns(&ns));
                         }
                         if let Err(e) = self.cri.stop_and_remove(&sb.id) {
                             eprintln!("realk8s node: remove sandbox {}: {e:#}", sb.id);
@@ -452,14 +546,17 @@ impl<'a> Node<'a> {
             }
         }
         if let Some(mut c) = self
-            .containerd
+            .runtime
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
             c.stop(Duration::from_secs(10));
         }
-        self.kill_shims();
+        match &self.engine {
+            Engine::Containerd(_) => self.kill_shims(),
+            Engine::Crio(_) => self.kill_conmons(),
+        }
         unmount_under(self.dir.path());
         for p in own_netns
             .iter()

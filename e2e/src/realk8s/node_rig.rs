@@ -52,7 +52,20 @@ impl<'a> OverlayNode<'a> {
         links: &[String],
     ) -> Result<OverlayNode<'a>> {
         let mut overlay = Overlay::new(kind, octet, tag)?;
+        let plugins = overlay_plugins(kind)?;
+        // The overlay's plugins are in the CNI bin dir with its conflist, before the runtime
+        // starts: CRI-O loads a CNI config only when every plugin it names is there (else the
+        // node stays NetworkReady=false until the conf dir changes). [`Overlay::start`] links
+        // them again.
         let node = Node::start(cp, cp.bins(), name, overlay.conf_name(), &|dir: &Path| {
+            let bin_dir = dir.join("cni/bin");
+            for (name, bin) in &plugins {
+                let dst = bin_dir.join(name);
+                let _ = std::fs::remove_file(&dst);
+                if let Err(e) = std::os::unix::fs::symlink(bin, &dst) {
+                    eprintln!("realk8s: link {}: {e}", dst.display());
+                }
+            }
             overlay.conflist(dir)
         })?;
         overlay.start(cp, &node)?;
@@ -67,6 +80,34 @@ impl<'a> OverlayNode<'a> {
         self.overlay.stop();
         self.node.stop();
     }
+}
+
+/// The CNI plugins overlay `kind` installs (name in the bin dir, binary), found as
+/// [`Overlay::new`] finds them.
+fn overlay_plugins(kind: Kind) -> Result<Vec<(String, PathBuf)>> {
+    let dir = std::env::var_os(super::overlay::OVERLAYS_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os(super::bins::BIN_ENV)
+                .map(|k| PathBuf::from(k).join("../../overlays/bin"))
+        })
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"));
+    let find = |n: &str| -> Result<PathBuf> {
+        super::bins::find_usable(&dir, n)?
+            .with_context(|| format!("{kind:?}: no {n}(.xz) in {}", dir.display()))
+    };
+    Ok(match kind {
+        Kind::Bridge => Vec::new(),
+        Kind::Flannel => vec![("flannel".into(), find("flannel")?)],
+        Kind::Calico => {
+            let calico = find("calico")?;
+            vec![
+                ("calico".into(), calico.clone()),
+                ("calico-ipam".into(), calico),
+            ]
+        }
+    })
 }
 
 /// `<repo>/<p>`

@@ -4,7 +4,8 @@
 //! `PLEXUS_RUNTIMES_BIN` (default `<PLEXUS_K8S_BIN>/../../runtimes/bin`, i.e.
 //! `../shared/runtimes/bin`), `.xz`-compressed, unpacked once into the target directory.
 //! containerd **1.6** is Debian's (`/usr/bin/containerd`), kept as the compatibility tier's
-//! runtime while kubelet 1.36 supports it.
+//! runtime while kubelet 1.36 supports it. CRI-O needs Debian's `runc`, `conmon` and `skopeo`
+//! beside it ([`CrioBins`]).
 
 use std::path::{Path, PathBuf};
 
@@ -95,6 +96,71 @@ impl ContainerdBins {
         let mut dirs = vec![self.dir.clone()];
         dirs.extend(std::env::split_paths(&rest).filter(|d| d != &self.dir));
         std::env::join_paths(dirs).unwrap_or(rest)
+    }
+}
+
+/// The container runtime a node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    /// containerd, of that release line.
+    Containerd(Containerd),
+    /// CRI-O 1.36 from `../shared/runtimes` (with Debian's runc and conmon; images put into
+    /// its storage with Debian's skopeo).
+    Crio,
+}
+
+impl Runtime {
+    /// A short label for logs and test names.
+    pub fn label(self) -> &'static str {
+        match self {
+            Runtime::Containerd(line) => line.label(),
+            Runtime::Crio => "CRI-O 1.36",
+        }
+    }
+}
+
+/// Debian's programs a CRI-O node needs beside `crio` and `pinns`.
+const CRIO_HOST_TOOLS: [&str; 3] = ["runc", "conmon", "skopeo"];
+
+/// The programs of a CRI-O node: `crio` and `pinns` unpacked from [`RUNTIMES_ENV`]'s
+/// directory; `runc`, `conmon` and `skopeo` from the host (Debian's).
+#[derive(Clone, Debug)]
+pub struct CrioBins {
+    /// `crio`
+    pub crio: PathBuf,
+    /// `pinns`
+    pub pinns: PathBuf,
+    /// `runc` (CRI-O 1.36 refuses Debian's crun 1.8)
+    pub runc: PathBuf,
+    /// `conmon`
+    pub conmon: PathBuf,
+    /// `skopeo`
+    pub skopeo: PathBuf,
+}
+
+impl CrioBins {
+    /// Resolve them; an error naming what is missing.
+    pub fn find() -> Result<CrioBins> {
+        let (crio, pinns) = crio_bins()?;
+        let mut host = Vec::new();
+        for p in CRIO_HOST_TOOLS {
+            let found = ["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+                .iter()
+                .map(|d| Path::new(d).join(p))
+                .find(|f| f.is_file())
+                .with_context(|| format!("CRI-O: no {p} (apt-get install runc conmon skopeo)"))?;
+            host.push(found);
+        }
+        let [runc, conmon, skopeo]: [PathBuf; 3] = host
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("CRI-O host tools"))?;
+        Ok(CrioBins {
+            crio,
+            pinns,
+            runc,
+            conmon,
+            skopeo,
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use super::Node;
 impl Node<'_> {
     pub(super) fn containerd_config(&self) -> String {
         let base = self.path("containerd");
-        match self.containerd_bins.line {
+        match self.containerd_bins().line {
             Containerd::V2 => containerd_config(&base, &self.bin_dir(), &self.conf_dir()),
             Containerd::V1_6 => containerd_1_6_config(&base, &self.bin_dir(), &self.conf_dir()),
         }
@@ -53,7 +53,7 @@ syncFrequency: 10s
 nodeStatusUpdateFrequency: 2s
 "#,
             cgroup_root = self.cgroup_root,
-            sock = p("containerd/containerd.sock"),
+            sock = self.runtime_socket().display(),
             port = free_port()?,
             logs = p("kubelet/pod-logs"),
         ))

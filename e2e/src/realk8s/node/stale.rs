@@ -4,7 +4,7 @@
 //! end of a session) leaves its node behind: mounts under its directory, the `cni-*` netns
 //! files containerd pinned (and so the pods' host-side veths and routes), its cgroup root and
 //! its links. The next run's leak checks would count them as its own. A run is dead when no
-//! containerd or kubelet names its directory; only the test runs' own names are touched
+//! containerd, crio or kubelet names its directory; only the test runs' own names are touched
 //! (`/tmp/plexus-node-*`, `plexus-node-<pid>` cgroups, the node tiers' `px<tier><pid>…` links, `cni-*`
 //! netns nobody is in, only while no node of any run is alive).
 
@@ -29,7 +29,7 @@ pub(super) fn sweep_dead_runs(own: &Path) {
     let live = |d: &Path| {
         let s = d.display().to_string();
         procs.iter().any(|p| {
-            matches!(p.name.as_str(), "containerd" | "kubelet")
+            matches!(p.name.as_str(), "containerd" | "crio" | "kubelet")
                 && p.args.iter().any(|a| a.contains(&s))
         })
     };
@@ -77,7 +77,7 @@ pub(super) fn sweep_dead_runs(own: &Path) {
 pub(super) fn after_stop(own: &Path) {
     let own = own.display().to_string();
     let others = processes().iter().any(|p| {
-        matches!(p.name.as_str(), "containerd" | "kubelet")
+        matches!(p.name.as_str(), "containerd" | "crio" | "kubelet")
             && p.args
                 .iter()
                 .any(|a| a.contains("/plexus-node-") && !a.contains(&own))
@@ -257,9 +257,9 @@ fn remove_empty_cni_netns(procs: &[ProcInfo]) {
 }
 
 /// The node tiers' link name tags: `px<tier letter><pid><letters>` (real_node_churn,
-/// real_node, real_node_daemon, real_statefulset). Other test links (`common::uniq`'s
+/// real_node, real_node_daemon, real_statefulset, real_node_crio). Other test links (`common::uniq`'s
 /// `<prefix><pid % 10000><counter>`) carry no exact pid and are never swept.
-const NODE_TIER_TAGS: [&str; 4] = ["pxc", "pxn", "pxd", "pxs"];
+const NODE_TIER_TAGS: [&str; 5] = ["pxc", "pxn", "pxd", "pxs", "pxo"];
 
 /// The test process id a node tier's link name carries.
 fn link_owner(name: &str) -> Option<u32> {
@@ -331,6 +331,7 @@ COMMIT
         assert_eq!(link_owner("pxn2601f"), Some(2601));
         assert_eq!(link_owner("pxd77v"), Some(77));
         assert_eq!(link_owner("pxs123a"), Some(123));
+        assert_eq!(link_owner("pxo4242fm"), Some(4242));
         for other in [
             "pxc12",
             "pxm12341",

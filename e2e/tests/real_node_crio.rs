@@ -1,0 +1,805 @@
+//! CRI-O tier: a real kubelet v1.36 in front of **CRI-O 1.36** (`../shared/runtimes`, Debian's
+//! runc and conmon; `plexus_e2e::realk8s::node::crio`) registered with a real kube-apiserver,
+//! the cluster network real flannel, then real calico (`plexus_e2e::realk8s::overlay`), and
+//! plexus installed the way the DaemonSet does it (`deploy/install.sh` with the DaemonSet's
+//! command and environment; thin mode).
+//!
+//! On each overlay: the Node reports `cri-o://1.36.x` and goes Ready; two pods with a bridge
+//! NAD and a macvlan NAD ping each other on eth0, net1 and net2 (and the node); a hostPort
+//! reaches a listener in its pod; after delete nothing is left (netns, plexus plan, host-local
+//! or calico lease, flannel state, libcni cache entry, iptables rule); CRI-O restarted (its
+//! pods keep running and answering, a new pod gets every network); the kubelet restarted (the
+//! same); and CRI-O's start-up GC (plexus' config at cniVersion 1.1.0): a restart keeps every
+//! live pod's attachments and reclaims those of a sandbox CRI-O does not know (a plexus ADD
+//! run by hand for a pod of another node: its plan and leases). With the 1.1.0 config CRI-O
+//! also sends CHECK after every ADD (counted in plexus' log).
+//!
+//! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
+//! `cargo test -p plexus-e2e --test real_node_crio -- NAME` runs the cases whose name contains
+//! NAME; `calico/…` starts only calico's node.
+
+#[allow(dead_code)]
+#[path = "real_node/api.rs"]
+mod api;
+mod common;
+#[allow(dead_code)]
+#[path = "real_node/pods.rs"]
+mod pods;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use plexus_e2e::nad_policy_allowing;
+use plexus_e2e::realk8s::node::mount_ns::NodeMounts;
+use plexus_e2e::realk8s::node::{use_runtime, wait_for, Node};
+use plexus_e2e::realk8s::node_rig::{selected_overlays, InstallSh, OverlayNode};
+use plexus_e2e::realk8s::overlay::{Kind, Overlay};
+use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
+use plexus_e2e::realk8s::runtimes::{Containerd, Runtime};
+use plexus_e2e::realk8s::{
+    control_plane_or_skip, setup_or_report, tail, ControlPlane, Proc, Suite,
+};
+use serde_json::{json, Value};
+
+use api::Api;
+use pods::*;
+
+/// Namespace of the test pods and NADs.
+const NS: &str = "app";
+
+fn main() -> ExitCode {
+    let Some(cp) = control_plane_or_skip() else {
+        return ExitCode::SUCCESS;
+    };
+    let mut suite = Suite::new("real_node_crio");
+    let rig = Rig::builder().namespaces(&[NS, "default"]).build(&cp);
+    let Some(_rig) = setup_or_report("real_node_crio", &cp, rig) else {
+        return ExitCode::FAILURE;
+    };
+    use_runtime(Runtime::Crio);
+    for (kind, octet, _) in
+        selected_overlays(&[(Kind::Flannel, 238, true), (Kind::Calico, 237, true)])
+    {
+        let t0 = Instant::now();
+        let started = Tier::start(&cp, kind, octet);
+        let Some(mut tier) = setup_or_report("real_node_crio", &cp, started) else {
+            use_runtime(Runtime::Containerd(Containerd::V2));
+            return ExitCode::FAILURE;
+        };
+        println!(
+            "real_node_crio: {} node on CRI-O ready in {:.1} s",
+            kind.name(),
+            t0.elapsed().as_secs_f64()
+        );
+        run_cases(&mut suite, &mut tier);
+        tier.stop_and_check();
+    }
+    use_runtime(Runtime::Containerd(Containerd::V2));
+    suite.finish()
+}
+
+/// The cases on one overlay, in order.
+fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
+    let k = tier.overlay.kind().name();
+    let name = |c: &str| format!("{k}/crio/{c}");
+    let installed = tier.install();
+    let ok = installed.is_ok();
+    suite.case(
+        &name("node_reports_cri_o_and_install_sh_runs_with_the_daemonsets_environment"),
+        || installed,
+    );
+    if !ok {
+        return;
+    }
+    suite.case(
+        &name("pods_with_a_bridge_and_a_macvlan_nad_traffic_on_each_interface_nothing_left"),
+        || tier.pods_with_traffic("nads"),
+    );
+    suite.case(&name("host_port_answers_and_nothing_is_left"), || {
+        tier.host_port()
+    });
+    suite.case(
+        &name("crio_restarted_pods_keep_running_new_pods_get_every_network"),
+        || tier.across_restart("crio", |t| t.node.restart_runtime()),
+    );
+    suite.case(
+        &name("kubelet_restarted_pods_keep_running_new_pods_get_every_network"),
+        || tier.across_restart("kubelet", |t| t.node.restart_kubelet()),
+    );
+    suite.case(
+        &name("startup_gc_keeps_live_pods_and_reclaims_a_sandbox_crio_does_not_know"),
+        || tier.startup_gc(),
+    );
+}
+
+/// Everything the cases share.
+struct Tier<'a> {
+    cp: &'a ControlPlane,
+    node: Node<'a>,
+    overlay: Overlay,
+    api: Api,
+    installer: Option<Proc>,
+    /// The cluster network's name (network-status of eth0).
+    net: &'static str,
+    /// The bridge NAD's bridge, the macvlan NAD's master (a veth of the test's own).
+    bridge: String,
+    master: String,
+    /// Every sandbox ID seen (libcni cache and iptables checks).
+    sandboxes: std::cell::RefCell<Vec<String>>,
+    /// Every pod netns path seen.
+    netns_seen: std::cell::RefCell<Vec<String>>,
+}
+
+/// A short unique link name (at most 15 bytes), swept by a later run if this one is killed.
+fn link(suffix: &str) -> String {
+    format!("pxo{}{suffix}", std::process::id() % 100_000)
+}
+
+impl<'a> Tier<'a> {
+    fn start(cp: &'a ControlPlane, kind: Kind, octet: u8) -> Result<Tier<'a>> {
+        let k = &kind.name()[..1];
+        let bridge = link(&format!("{k}a"));
+        let master = link(&format!("{k}m"));
+        let links = vec![bridge.clone(), master.clone(), format!("{master}p")];
+        let OverlayNode { node, overlay } = OverlayNode::start(
+            cp,
+            kind,
+            octet,
+            &link(k),
+            &format!("plexus-crio-{}", kind.name()),
+            &links,
+        )?;
+        let ok = Command::new("ip")
+            .args(["link", "add", &master, "type", "veth", "peer", "name"])
+            .arg(format!("{master}p"))
+            .status()?
+            .success();
+        ensure!(ok, "ip link add {master}");
+        for l in [master.clone(), format!("{master}p")] {
+            Command::new("ip")
+                .args(["link", "set", &l, "up"])
+                .status()?;
+        }
+        Ok(Tier {
+            cp,
+            api: Api::new(&cp.admin_kubeconfig())?,
+            installer: None,
+            net: overlay.network_name(),
+            node,
+            overlay,
+            bridge,
+            master,
+            sandboxes: Default::default(),
+            netns_seen: Default::default(),
+        })
+    }
+
+    /// Stop everything; say what the node left on the host.
+    fn stop_and_check(mut self) {
+        if let Some(mut p) = self.installer.take() {
+            p.stop(Duration::from_secs(10));
+        }
+        self.overlay.stop();
+        self.node.stop();
+        let dir = self.node.dir().display().to_string();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if mounts.contains(&dir) {
+            eprintln!("real_node_crio: WARNING: mounts left under {dir}");
+        }
+        let left: Vec<&String> = self
+            .netns_seen
+            .get_mut()
+            .iter()
+            .filter(|n| Path::new(n).exists())
+            .collect();
+        if !left.is_empty() {
+            eprintln!("real_node_crio: WARNING: netns left: {left:?}");
+        }
+        let conmons = self.node.conmons();
+        if !conmons.is_empty() {
+            eprintln!("real_node_crio: WARNING: conmon processes left: {conmons:?}");
+        }
+    }
+
+    // ------------------------------------------------------------------------------ install
+
+    /// The Node says `cri-o://1.36`; deploy's manifests applied; install.sh run as the
+    /// DaemonSet would; a pod gets plexus' network-status; the NADs.
+    fn install(&mut self) -> Result<()> {
+        let cp = self.cp;
+        let node: Value = cp.get_json(&format!("/api/v1/nodes/{}", self.node.name()))?;
+        let rt = node["status"]["nodeInfo"]["containerRuntimeVersion"]
+            .as_str()
+            .unwrap_or("");
+        ensure!(
+            rt.starts_with("cri-o://1.36."),
+            "the Node's runtime: {rt:?}"
+        );
+        println!("    Node {}: {rt}", self.node.name());
+        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
+        let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
+        let token = plexus_token(cp, &PlexusToken::Unbound)?;
+        let binaries = [
+            ("plexus", common::bin("plexus")),
+            ("sriov", common::bin("sriov")),
+        ];
+        let extra = json!({"cniDir": self.node.plexus_dir(),
+            "nadPolicy": nad_policy_allowing(&[&self.node.ipam_dir()])});
+        self.installer = Some(install.spawn(cp, &self.node, &token, &binaries, &extra)?);
+        wait_for("plexus' config", Duration::from_secs(60), || {
+            Ok(self.plexus_conf().exists())
+        })
+        .with_context(|| tail(&self.node.path("installer.log"), 20))?;
+        let conf: Value = serde_json::from_slice(&std::fs::read(self.plexus_conf())?)?;
+        println!(
+            "    {}: cniVersion {} cniVersions {}",
+            self.plexus_conf().display(),
+            conf["cniVersion"],
+            conf["cniVersions"]
+        );
+        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())
+            .with_context(|| self.node.logs(15))?;
+        let (sb, netns) = self.pod_netns("probe")?;
+        self.sandboxes.borrow_mut().push(sb);
+        delete_and_wait(
+            &self.api,
+            NS,
+            "probe",
+            &["probe".to_string()],
+            &[netns],
+            Duration::from_secs(30),
+        )?;
+        self.wait_clean()?;
+        let nad = |name: &str, cfg: Value| -> Result<()> {
+            let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+                "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}});
+            cp.apply(&nad.to_string()).map(drop)
+        };
+        let ipam = |subnet: &str| json!({"type":"host-local","dataDir":self.node.ipam_dir(),"ranges":[[{"subnet":subnet}]]});
+        nad(
+            "br-a",
+            json!({"cniVersion":"1.0.0","name":"br-a","type":"bridge","bridge":self.bridge,"ipam":ipam("10.236.1.0/24")}),
+        )?;
+        nad(
+            "mv-c",
+            json!({"cniVersion":"0.4.0","name":"mv-c","type":"macvlan","master":self.master,"mode":"bridge","ipam":ipam("10.236.3.0/24")}),
+        )?;
+        Ok(())
+    }
+
+    /// install.sh's config: `00-plexus.conf` (a 0.x primary) or `00-plexus.conflist` (an
+    /// installer that writes a conflist with `cniVersions`), whichever exists.
+    fn plexus_conf(&self) -> PathBuf {
+        let list = self.node.conf_dir().join("00-plexus.conflist");
+        if list.exists() {
+            list
+        } else {
+            self.node.conf_dir().join("00-plexus.conf")
+        }
+    }
+
+    // ---------------------------------------------------------------------------- helpers
+
+    /// (sandbox ID, netns path) of a running pod.
+    fn pod_netns(&self, name: &str) -> Result<(String, String)> {
+        let pod = self.api.get_pod(NS, name)?.context("pod gone")?;
+        let uid = pod["metadata"]["uid"].as_str().context("uid")?;
+        let (sb, netns) = self.node.pod_sandbox(uid)?;
+        self.netns_seen.borrow_mut().push(netns.clone());
+        Ok((sb, netns))
+    }
+
+    /// What the node still holds of deleted pods: plexus plans and caches, host-local
+    /// leases, netns, veths on the NAD's bridge, libcni cache entries, the overlay's state.
+    fn leftovers(&self) -> Vec<String> {
+        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
+            .into_iter()
+            .map(|f| format!("plexus: {f}"))
+            .collect();
+        v.extend(
+            common::files_under(&self.node.ipam_dir())
+                .into_iter()
+                .map(|f| format!("lease: {f}")),
+        );
+        v.extend(
+            self.netns_seen
+                .borrow()
+                .iter()
+                .filter(|n| Path::new(n).exists())
+                .map(|n| format!("netns: {n}")),
+        );
+        for br in self.overlay.bridge().iter().chain([&self.bridge]) {
+            let out = common::ip(&["-j", "link", "show", "master", br]);
+            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
+            for l in links.as_array().into_iter().flatten() {
+                v.push(format!("veth on {br}: {}", l["ifname"]));
+            }
+        }
+        v.extend(
+            self.overlay
+                .leftovers(self.cp, &self.node, &self.sandboxes.borrow()),
+        );
+        for e in std::fs::read_dir(self.node.host_path("/var/lib/cni/results"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if self
+                .sandboxes
+                .borrow()
+                .iter()
+                .any(|s| n.contains(s.as_str()))
+            {
+                v.push(format!("libcni cache: {n}"));
+            }
+        }
+        v
+    }
+
+    /// Wait (10 s) until [`Tier::leftovers`] is empty.
+    fn wait_clean(&self) -> Result<()> {
+        wait_for("nothing left on the node", Duration::from_secs(10), || {
+            Ok(self.leftovers().is_empty())
+        })
+        .with_context(|| format!("left: {:?}", self.leftovers()))
+    }
+
+    /// Two pods `<batch>-a`, `<batch>-b` with `br-a` and `mv-c`, Running; each one's network
+    /// checked against its netns; (name, netns) of each.
+    fn create_pair(&self, batch: &str) -> Result<Vec<(String, String)>> {
+        let names = [format!("{batch}-a"), format!("{batch}-b")];
+        let manifests: Vec<Value> = names
+            .iter()
+            .map(|n| manifest(NS, n, self.node.name(), batch, Some(&json!("br-a, mv-c"))))
+            .collect();
+        create_and_wait(&self.api, &manifests, Duration::from_secs(90))
+            .with_context(|| self.node.logs(15))?;
+        let mut out = Vec::new();
+        for n in &names {
+            let (sb, netns) = self.pod_netns(n)?;
+            self.sandboxes.borrow_mut().push(sb);
+            let pod = self.api.get_pod(NS, n)?.context("pod")?;
+            check_pod_network(
+                &network_status(&pod)?,
+                &netns,
+                &[
+                    (self.net, "eth0"),
+                    ("app/br-a", "net1"),
+                    ("app/mv-c", "net2"),
+                ],
+            )
+            .with_context(|| format!("pod {n}"))?;
+            out.push((n.clone(), netns));
+        }
+        Ok(out)
+    }
+
+    /// Pings between the two pods on eth0, net1 and net2, both ways, and pod -> node.
+    fn traffic(&self, pair: &[(String, String)]) -> Result<()> {
+        let [(a, na), (b, nb)] = pair else {
+            anyhow::bail!("two pods expected: {pair:?}");
+        };
+        for ifname in ["eth0", "net1", "net2"] {
+            let (ia, ib) = (address(na, ifname)?, address(nb, ifname)?);
+            ensure!(
+                pings(Some(na), &ib),
+                "{a} -> {b} over {ifname} ({ib}): no answer"
+            );
+            ensure!(
+                pings(Some(nb), &ia),
+                "{b} -> {a} over {ifname} ({ia}): no answer"
+            );
+        }
+        let node_ip = self.node.ip();
+        ensure!(
+            pings(Some(na), node_ip),
+            "{a} -> the node ({node_ip}): no answer"
+        );
+        Ok(())
+    }
+
+    /// Delete the batch, wait until gone and nothing is left; their eth0 addresses stop
+    /// answering.
+    fn delete_pair(&self, batch: &str, pair: &[(String, String)]) -> Result<()> {
+        let addrs: Vec<String> = pair
+            .iter()
+            .filter_map(|(_, ns)| address(ns, "eth0").ok())
+            .collect();
+        let names: Vec<String> = pair.iter().map(|(n, _)| n.clone()).collect();
+        let netns: Vec<String> = pair.iter().map(|(_, n)| n.clone()).collect();
+        delete_and_wait(
+            &self.api,
+            NS,
+            batch,
+            &names,
+            &netns,
+            Duration::from_secs(60),
+        )?;
+        self.wait_clean()?;
+        let answering = answering_from_the_node(&addrs);
+        ensure!(
+            answering.is_empty(),
+            "deleted pods' addresses still answer: {answering:?}"
+        );
+        Ok(())
+    }
+
+    /// Delete whatever pods of `batch` exist (after a failure), best effort.
+    fn cleanup(&self, batch: &str) {
+        let pods = self.api.list_pods(NS, batch).unwrap_or_default();
+        let names: Vec<String> = pods
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        let none = vec![String::new(); names.len()];
+        let _ = delete_and_wait(&self.api, NS, batch, &names, &none, Duration::from_secs(60));
+    }
+
+    // ------------------------------------------------------------------------------ cases
+
+    fn pods_with_traffic(&self, batch: &str) -> Result<()> {
+        let run = || -> Result<()> {
+            let pair = self.create_pair(batch)?;
+            self.traffic(&pair)?;
+            self.delete_pair(batch, &pair)
+        };
+        let r = run();
+        if r.is_err() {
+            self.cleanup(batch);
+        }
+        r
+    }
+
+    /// A hostPort pod (bandwidth annotations too; 1 NAD): the node's address and port reach a
+    /// listener on the containerPort in the pod; with `bandwidth` in the overlay's conflist
+    /// (calico), an ifb while it runs. Nothing left after.
+    fn host_port(&self) -> Result<()> {
+        let port = plexus_e2e::realk8s::free_port()?;
+        let ifb_before = ifb_links();
+        create_and_wait(
+            &self.api,
+            &[hostport_manifest(NS, self.node.name(), port)],
+            Duration::from_secs(90),
+        )
+        .with_context(|| self.node.logs(15))?;
+        let (sb, netns) = self.pod_netns("hostport")?;
+        self.sandboxes.borrow_mut().push(sb);
+        let checked = (|| {
+            let pod = self.api.get_pod(NS, "hostport")?.context("pod")?;
+            check_pod_network(
+                &network_status(&pod)?,
+                &netns,
+                &[(self.net, "eth0"), ("app/br-a", "net1")],
+            )?;
+            let token = format!("plexus-crio-hostport-{port}");
+            let server = NetnsServer::start(&netns, 8080, &token)?;
+            let got = tcp_answer(self.node.ip(), port);
+            let served = server.stop()?;
+            ensure!(
+                got.as_deref().ok() == Some(token.as_str()) && served == 1,
+                "{}:{port} -> the pod's 8080: {got:?}, {served} answered",
+                self.node.ip()
+            );
+            let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+            if self.overlay.has_bandwidth() {
+                ensure!(
+                    ifbs.iter().any(|i| i.starts_with("bwp")),
+                    "no bandwidth ifb (have {ifbs:?})"
+                );
+            }
+            println!("    hostPort {port} answered from the pod; ifb {ifbs:?}");
+            Ok(())
+        })();
+        delete_and_wait(
+            &self.api,
+            NS,
+            "hostport",
+            &["hostport".to_string()],
+            &[netns],
+            Duration::from_secs(60),
+        )?;
+        checked?;
+        self.wait_clean()?;
+        ensure!(
+            tcp_answer(self.node.ip(), port).is_err(),
+            "hostPort {port} still answers after the pod is gone"
+        );
+        ensure_no_hostport_left(port, &ifb_before)
+    }
+
+    /// Two pods with NADs, `restart` (CRI-O or the kubelet), then: the same sandboxes, still
+    /// answering on every interface; two new pods get every network and traffic; all deleted,
+    /// nothing left.
+    fn across_restart(&self, what: &str, restart: impl Fn(&Self) -> Result<()>) -> Result<()> {
+        let run = || -> Result<()> {
+            let old = self.create_pair(&format!("{what}-old"))?;
+            let before: Vec<String> = old
+                .iter()
+                .map(|(n, _)| self.pod_netns(n).map(|(sb, _)| sb))
+                .collect::<Result<_>>()?;
+            let t = Instant::now();
+            restart(self)?;
+            println!("    {what} restarted in {:.1} s", t.elapsed().as_secs_f64());
+            // The kubelet's next sync must not replace the sandboxes.
+            std::thread::sleep(Duration::from_secs(5));
+            let after: Vec<String> = old
+                .iter()
+                .map(|(n, _)| self.pod_netns(n).map(|(sb, _)| sb))
+                .collect::<Result<_>>()?;
+            ensure!(
+                before == after,
+                "sandboxes replaced: {before:?} -> {after:?}"
+            );
+            for (n, _) in &old {
+                let pod = self.api.get_pod(NS, n)?.context("pod")?;
+                ensure!(running(&pod), "{n} not Running after the {what} restart");
+            }
+            self.traffic(&old)?;
+            let new = self.create_pair(&format!("{what}-new"))?;
+            self.traffic(&new)?;
+            self.traffic(&[old[0].clone(), new[1].clone()])?;
+            self.delete_pair(&format!("{what}-old"), &old)?;
+            self.delete_pair(&format!("{what}-new"), &new)
+        };
+        let r = run();
+        if r.is_err() {
+            self.cleanup(&format!("{what}-old"));
+            self.cleanup(&format!("{what}-new"));
+        }
+        r
+    }
+
+    /// CRI-O's start-up GC. plexus' config at cniVersion 1.1.0 (installer stopped first: it
+    /// would write its own back), CRI-O restarted to load it; two live pods (CRI-O sends CHECK
+    /// after each ADD: counted in plexus' log); a leaked attachment: plexus ADD run by hand, as
+    /// CRI-O would, for a pod bound to another node, in a netns of the test's, so its plan and
+    /// leases exist for a sandbox CRI-O does not know. CRI-O restarted: its GC keeps both live
+    /// pods' plans, leases and traffic, and releases the leaked ones. The 0.3.1 config is
+    /// written back at the end.
+    fn startup_gc(&mut self) -> Result<()> {
+        if let Some(mut p) = self.installer.take() {
+            p.stop(Duration::from_secs(10));
+        }
+        let path = self.plexus_conf();
+        let original = std::fs::read_to_string(&path)?;
+        let mut conf: Value = serde_json::from_str(&original)?;
+        // A config that offers 1.1.0 in `cniVersions` is run at 1.1.0 by CRI-O's libcni as
+        // it is; else `cniVersion` becomes 1.1.0.
+        let offers = conf["cniVersions"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v == "1.1.0"));
+        if !offers {
+            conf["cniVersion"] = json!("1.1.0");
+            write_atomically(&path, &serde_json::to_string_pretty(&conf)?)?;
+        }
+        // What libcni sends plexus: its plugin's config with the list's name and version.
+        let mut plugin = if conf["plugins"].is_array() {
+            conf["plugins"][0].clone()
+        } else {
+            conf.clone()
+        };
+        plugin["name"] = conf["name"].clone();
+        plugin["cniVersion"] = json!("1.1.0");
+        if let Some(o) = plugin.as_object_mut() {
+            o.remove("cniVersions");
+        }
+        let batch = "gc";
+        let ghost = Ghost::new(self)?;
+        let r = self.startup_gc_with(batch, &plugin, &ghost);
+        if r.is_err() {
+            self.cleanup(batch);
+        }
+        ghost.remove(self);
+        write_atomically(&path, &original)?;
+        let _ = self.node.restart_runtime();
+        r
+    }
+
+    fn startup_gc_with(&self, batch: &str, conf: &Value, ghost: &Ghost) -> Result<()> {
+        let log = self.node.path("crio.log");
+        let plexus_log = self.node.path("plexus.log");
+        self.node.restart_runtime()?;
+        let checks_before = count_in(&plexus_log, "CHECK");
+        let live = self.create_pair(batch)?;
+        let checks = count_in(&plexus_log, "CHECK") - checks_before;
+        println!("    plexus log lines naming CHECK while 2 pods were created: {checks}");
+        self.traffic(&live)?;
+        let live_ids: Vec<String> = live
+            .iter()
+            .map(|(n, _)| self.pod_netns(n).map(|(sb, _)| sb))
+            .collect::<Result<_>>()?;
+        // The leak.
+        ghost.add(self, conf)?;
+        let leaked = self.holding(&ghost.id);
+        ensure!(
+            leaked.iter().any(|l| l.starts_with("plexus"))
+                && leaked
+                    .iter()
+                    .any(|l| l.starts_with("lease") || l.starts_with("calico")),
+            "the hand-run ADD left no plan and lease: {leaked:?}"
+        );
+        println!("    leaked (no sandbox in CRI-O): {leaked:?}");
+        let live_before: Vec<Vec<String>> = live_ids.iter().map(|id| self.holding(id)).collect();
+        let gc_lines = count_in(&log, "GC");
+        let t = Instant::now();
+        self.node.restart_runtime()?;
+        wait_for(
+            "the leaked attachment released",
+            Duration::from_secs(60),
+            || Ok(self.holding(&ghost.id).is_empty()),
+        )
+        .with_context(|| {
+            format!(
+                "still held: {:?}\n{}",
+                self.holding(&ghost.id),
+                tail(&log, 30)
+            )
+        })?;
+        println!(
+            "    CRI-O restarted; leaked plan and leases released {:.1} s after the restart began",
+            t.elapsed().as_secs_f64()
+        );
+        let gc_logged: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("GC") || l.contains("garbage"))
+            .skip(gc_lines)
+            .map(str::to_string)
+            .collect();
+        println!("    crio.log on GC: {gc_logged:?}");
+        for (id, before) in live_ids.iter().zip(&live_before) {
+            let now = self.holding(id);
+            ensure!(
+                &now == before,
+                "a live pod's attachments changed across the GC: {before:?} -> {now:?}"
+            );
+        }
+        self.traffic(&live)?;
+        self.delete_pair(batch, &live)
+    }
+
+    /// What the node holds for container `id`: plexus files naming it, leases naming it,
+    /// calico's handle for it, flannel's state for it.
+    fn holding(&self, id: &str) -> Vec<String> {
+        let mut v = Vec::new();
+        let dir = self.node.plexus_dir();
+        for f in common::files_under(&dir) {
+            let text = std::fs::read_to_string(dir.join(&f)).unwrap_or_default();
+            if f.contains(id) || text.contains(id) {
+                v.push(format!("plexus: {f}"));
+            }
+        }
+        let ipam = self.node.ipam_dir();
+        for f in common::files_under(&ipam) {
+            let text = std::fs::read_to_string(ipam.join(&f)).unwrap_or_default();
+            if text.contains(id) {
+                v.push(format!("lease: {f}"));
+            }
+        }
+        for e in std::fs::read_dir(self.node.path("flannel/data"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().contains(id) {
+                v.push(format!("flannel: {}", e.file_name().to_string_lossy()));
+            }
+        }
+        if self.overlay.kind() == Kind::Calico {
+            let out = self
+                .cp
+                .kubectl(&["get", "ipamhandles.crd.projectcalico.org", "-o", "name"])
+                .unwrap_or_default();
+            v.extend(
+                out.lines()
+                    .filter(|l| l.contains(id))
+                    .map(|l| format!("calico {l}")),
+            );
+        }
+        v.sort();
+        v
+    }
+}
+
+/// A sandbox CRI-O does not know: a pod object bound to another node (the kubelet leaves it
+/// alone), a netns of the test's, and a container ID; plexus ADD run by hand for it.
+struct Ghost {
+    id: String,
+    netns: String,
+    pod: String,
+}
+
+impl Ghost {
+    fn new(tier: &Tier<'_>) -> Result<Ghost> {
+        let pod = "ghost".to_string();
+        let mut m = manifest(NS, &pod, "elsewhere", "ghost", Some(&json!("br-a")));
+        m["spec"]["nodeName"] = json!("elsewhere");
+        tier.api.create_pod(&m)?;
+        let netns = link("g");
+        let ok = Command::new("ip")
+            .args(["netns", "add", &netns])
+            .status()?
+            .success();
+        ensure!(ok, "ip netns add {netns}");
+        let id = format!("{:0>64x}", 0x9e0c_0000_u64 + u64::from(std::process::id()));
+        Ok(Ghost { id, netns, pod })
+    }
+
+    /// plexus ADD (eth0) as CRI-O runs it: the node's CNI bin dir, the pod's CNI_ARGS, in a
+    /// mount namespace where /var/lib/cni is the node's.
+    fn add(&self, tier: &Tier<'_>, conf: &Value) -> Result<()> {
+        let pod = tier.api.get_pod(NS, &self.pod)?.context("ghost pod")?;
+        let uid = pod["metadata"]["uid"].as_str().context("uid")?;
+        let steps = NodeMounts::default()
+            .redirect("/var/lib/cni", tier.node.host_path("/var/lib/cni"))
+            .prepare()?;
+        let mut cmd = Command::new(tier.node.bin_dir().join("plexus"));
+        cmd.env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", &self.id)
+            .env("CNI_NETNS", format!("/run/netns/{}", self.netns))
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", tier.node.bin_dir())
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={uid}",
+                    self.pod, self.id
+                ),
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        steps.install(&mut cmd);
+        let mut child = cmd.spawn().context("run plexus ADD")?;
+        std::io::Write::write_all(
+            child.stdin.as_mut().context("stdin")?,
+            conf.to_string().as_bytes(),
+        )?;
+        drop(child.stdin.take());
+        let out = child.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "plexus ADD for the ghost: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    /// The pod object and the netns go (the attachments are the GC's to release).
+    fn remove(&self, tier: &Tier<'_>) {
+        let _ = tier.cp.kubectl(&[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            &self.pod,
+            "--grace-period=0",
+            "--force",
+            "--ignore-not-found",
+        ]);
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+/// Lines of `path` containing `s`.
+fn count_in(path: &Path, s: &str) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(s))
+        .count()
+}
+
+/// Write `text` to `path` by rename (the runtime's watcher sees a whole file).
+fn write_atomically(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp-crio-test");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
