@@ -481,8 +481,17 @@ write_config() {
 	# the config already published.
 	checker=$BIN_DIR/plexus
 	[ -x "$checker" ] || checker=$SRC_DIR/plexus
-	if [ -x "$checker" ] && ! why=$("$checker" check-config "$staged" 2>&1); then
-		rm -f "$staged"
+	# What the runtime hands plexus: a list's plugin with the list's name and version (daemon
+	# mode's plugin is plexus-shim, which `check-config` of the whole list does not look for).
+	checked=$staged
+	if [ "$list" = true ]; then
+		checked=$PLEXUS_D/.config.checked.$$
+		track "$checked"
+		jq '.plugins[0] + {name, cniVersion}' "$staged" >"$checked" ||
+			die "cannot extract the plexus plugin from the config"
+	fi
+	if [ -x "$checker" ] && ! why=$("$checker" check-config "$checked" 2>&1); then
+		rm -f "$staged" "$checked"
 		if [ -f "$final" ]; then
 			log "the new config is refused by plexus, keeping $final: $why"
 			return 0
@@ -501,6 +510,7 @@ write_config() {
 	if cmp -s "$staged" "$final"; then
 		dd if="$staged" of="$final" conv=notrunc status=none || die "cannot rewrite $final"
 	fi
+	[ "$checked" = "$staged" ] || rm -f "$checked"
 	# From what we meant to publish: the final file may already be changed by someone else.
 	PUBLISHED_HASH=$(hash_of "$staged")
 	PUBLISHED_PATH=$final

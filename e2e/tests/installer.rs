@@ -669,6 +669,40 @@ fn plexus_runs_at_1_1_0_where_the_runtime_can_and_the_version_can_be_chosen() {
 }
 
 #[test]
+fn a_daemon_mode_conflist_is_checked_as_the_runtime_hands_it_to_plexus() {
+    let node = Node::new();
+    // The real plexus checks the config; daemon mode's plugin is plexus-shim (the daemon
+    // DaemonSet's PLEXUS_EXTRA_CONFIG), inside a .conflist now that 1.1.0 is offered.
+    fs::copy(common::bin("plexus"), node.path("src/plexus")).expect("copy plexus");
+    node.put_conf("10-flannel.conflist", &flannel_conflist("0.3.1"));
+    let extra = json!({"type": "plexus-shim", "daemonSocket": "/run/plexus/plexus.sock",
+                       "daemonUnavailable": "thin"})
+    .to_string();
+    node.install(&["--extra-config", &extra]);
+    let c = node.read_json("00-plexus.conflist");
+    assert_eq!(c["plugins"][0]["type"], "plexus-shim", "{c}");
+    assert_eq!(c["cniVersions"], json!(["0.3.1", "1.1.0"]), "{c}");
+    let leftovers: Vec<_> = fs::read_dir(node.conf("plexus.d"))
+        .expect("plexus.d")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".config.checked"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // A config plexus refuses is still refused through the list (a bad policy value).
+    let bad = json!({"type": "plexus-shim", "daemonSocket": "/run/plexus/plexus.sock",
+                     "readinessTimeoutSeconds": u64::MAX})
+    .to_string();
+    let out = node.run(&["--extra-config", &bad]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.contains("refused by plexus, keeping"),
+        "{stderr}"
+    );
+    assert_eq!(node.read_json("00-plexus.conflist"), c, "the good config is kept");
+}
+
+#[test]
 fn config_update_keeps_the_old_file_and_ends_with_a_write_event() {
     let node = Node::new();
     node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
