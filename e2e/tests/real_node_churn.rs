@@ -269,14 +269,31 @@ impl<'a> Tier<'a> {
     }
 
     fn conf(&self) -> PathBuf {
-        // flannel's and calico's conflists say cniVersion 0.3.1: install.sh writes a .conf.
-        self.node.conf_dir().join("00-plexus.conf")
+        // This build's install.sh writes a conflist (it carries `cniVersions`); the previous
+        // build's (the roll-back cases) a .conf over flannel's and calico's 0.3.1 conflists.
+        let list = self.node.conf_dir().join("00-plexus.conflist");
+        if list.exists() {
+            list
+        } else {
+            self.node.conf_dir().join("00-plexus.conf")
+        }
+    }
+
+    /// The installed config's plexus plugin (a .conf's top level, a conflist's first plugin).
+    fn conf_plugin(&self) -> Result<Value> {
+        let mut v: Value = serde_json::from_slice(&std::fs::read(self.conf())?)?;
+        Ok(match v["plugins"].get_mut(0) {
+            Some(p) => p.take(),
+            None => v,
+        })
     }
 
     /// The config's plugin type (`plexus` or `plexus-shim`).
     fn conf_type(&self) -> Result<String> {
-        let v: Value = serde_json::from_slice(&std::fs::read(self.conf())?)?;
-        Ok(v["type"].as_str().unwrap_or("").to_string())
+        Ok(self.conf_plugin()?["type"]
+            .as_str()
+            .unwrap_or("")
+            .to_string())
     }
 
     /// RBAC, the DaemonSets, the thin installer, two bridge NADs; a probe pod gets plexus.
@@ -422,7 +439,7 @@ impl<'a> Tier<'a> {
                 "{name} in the CNI bin dir is not the new build"
             );
         }
-        let conf: Value = serde_json::from_slice(&std::fs::read(self.conf())?)?;
+        let conf = self.conf_plugin()?;
         ensure!(conf["logLevel"] == "info", "config not rewritten: {conf}");
         Ok(())
     }

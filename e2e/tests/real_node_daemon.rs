@@ -382,10 +382,10 @@ impl<'a> Tier<'a> {
             || Ok(ready.exists()),
         )
         .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
-        // flannel's and calico's conflists say cniVersion 0.3.1: install.sh writes a .conf.
-        let final_conf = self.node.conf_dir().join("00-plexus.conf");
+        // A conflist whatever the primary's version: it carries `cniVersions` (install.sh).
+        let final_conf = self.node.conf_dir().join("00-plexus.conflist");
         let conf: Value = serde_json::from_slice(&std::fs::read(&final_conf)?)?;
-        let plugin = &conf;
+        let plugin = &conf["plugins"][0];
         ensure!(
             plugin["type"] == "plexus-shim" && plugin["daemonSocket"] == json!(self.socket()),
             "{conf}"
