@@ -713,7 +713,8 @@ fi
 # sandboxes the runtime no longer lists. A daemon-mode config is left to the daemon.
 LAST_RECONCILE=0
 reconcile_due() {
-	[ "$RECONCILE_INTERVAL" -gt 0 ] && [ -x "$SRC_DIR/plexus-daemon" ] || return 0
+	[ "$RECONCILE_INTERVAL" -gt 0 ] && [ -x "$SRC_DIR/plexus-daemon" ] && [ -n "${PUBLISHED_PATH:-}" ] ||
+		return 0
 	now=$(date +%s)
 	[ $((now - LAST_RECONCILE)) -ge "$RECONCILE_INTERVAL" ] || return 0
 	LAST_RECONCILE=$now

@@ -153,6 +153,10 @@ pub fn main(argv: &[String]) -> i32 {
             return 2;
         }
     };
+    // Before parsing: a daemon-mode config (of type plexus-shim, say) is the daemon's to cover.
+    if is_shim_config(&bytes) {
+        return 0;
+    }
     let parsed = match PlexusConfig::parse(&bytes) {
         Ok(c) => c,
         Err(e) => {
@@ -166,10 +170,6 @@ pub fn main(argv: &[String]) -> i32 {
         }
     };
     init_logging(&parsed);
-    if is_shim_config(&bytes) {
-        tracing::debug!(config = %config.display(), "daemon mode: the daemon reconciles this node");
-        return 0;
-    }
     if let Some(root) = &host_root {
         if let Err(e) = plexus_delegates::hostroot::set(root) {
             eprintln!("plexus-daemon reconcile: --host-root: {e}");
