@@ -28,6 +28,8 @@ pub const CONF_DIR: &str = "/tmp/node/cni/net.d";
 pub const BIN_DIR: &str = "/tmp/node/cni/bin";
 /// whereabouts' flat config on a node (the NADs' `configuration_path`).
 pub const WHEREABOUTS_CONF: &str = "/tmp/node/cni/net.d/whereabouts.d/whereabouts.conf";
+/// dra-driver-sriov's CDI specs, the one CDI directory containerd reads.
+pub const CDI_DIR: &str = "/tmp/node/cdi";
 /// The sriovdp resource.
 pub const RESOURCE: &str = "intel.com/sriov_igb";
 /// The VF device-info files sriovdp writes.
@@ -304,7 +306,7 @@ impl Node {
                 "the VM has no cgroup v2 ({CGROUP_V2_PROBE} missing): the initramfs did not mount cgroup2"
             ));
         }
-        std::fs::write(p("containerd/config.toml"), containerd_config())
+        std::fs::write(p("containerd/config.toml"), containerd_config()?)
             .map_err(|e| e.to_string())?;
         self.start_containerd()?;
         let sock = p("containerd/containerd.sock").display().to_string();
@@ -594,7 +596,7 @@ impl Node {
     /// Starts dra-driver-sriov in MULTUS mode (the node's containerd runs with NRI off) with the
     /// kubelet's own plugin dirs.
     pub fn start_dra(&mut self) -> Result<(), String> {
-        std::fs::create_dir_all(p("cdi")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(CDI_DIR).map_err(|e| e.to_string())?;
         let d = spawn(
             "dra",
             &self.s("dra"),
@@ -605,7 +607,7 @@ impl Node {
                 "--configuration-mode=MULTUS".into(),
                 "--kubelet-registrar-directory-path=/var/lib/kubelet/plugins_registry".into(),
                 "--kubelet-plugins-directory-path=/var/lib/kubelet/plugins".into(),
-                format!("--cdi-root={}", p("cdi").display()),
+                format!("--cdi-root={CDI_DIR}"),
             ],
             &[],
         )?;
@@ -719,12 +721,23 @@ impl Drop for Node {
     }
 }
 
-fn containerd_config() -> String {
-    plexus_e2e::realk8s::node::containerd_config(
+/// containerd 2.3's config (`realk8s::node::containerd_config`, version 3) with one directory
+/// for CDI specs: dra-driver-sriov's (`--cdi-root`). The kubelet passes the claim's CDI device
+/// names to the runtime, and containerd 2.x resolves them (1.6 ignored them): with no spec
+/// dir the container fails ("CDI device injection failed: unresolvable CDI devices").
+fn containerd_config() -> Result<String, String> {
+    let c = plexus_e2e::realk8s::node::containerd_config(
         &Path::new(DIR).join("containerd"),
         Path::new(BIN_DIR),
         Path::new(CONF_DIR),
-    )
+    );
+    let none = "cdi_spec_dirs = []";
+    if !c.contains(none) {
+        return Err(format!(
+            "containerd's config has no `{none}` line to point at {CDI_DIR}:\n{c}"
+        ));
+    }
+    Ok(c.replace(none, &format!("cdi_spec_dirs = [\"{CDI_DIR}\"]")))
 }
 
 fn kubelet_config(sock: &str) -> String {
