@@ -11,15 +11,23 @@ use plexus_delegates::skel::CmdArgs;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// CHECK every attachment of the container from its saved plan.
+/// CHECK every attachment of the container from its saved plan. A container plexus has no plan
+/// for is answered code 3 and leaves no lock file behind: CRI-O sends CHECK right after every
+/// ADD with the network config current *then*, so a sandbox ADDed through the cluster network
+/// just before plexus' config appeared gets plexus' CHECK, fails, and is DELeted through the
+/// network it was ADDed on — plexus never hears of it again.
 pub fn check(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
-    let _lock = ctx.store.lock(&args.container_id)?;
-    let plan = ctx
-        .store
-        .load(&args.container_id, &args.ifname)?
-        .ok_or_else(|| MetaError::NotAttached {
+    let lock = ctx.store.lock(&args.container_id)?;
+    let Some(plan) = ctx.store.load(&args.container_id, &args.ifname)? else {
+        // No ADD holds the lock (it saves its plan first), so none is running: the file goes
+        // while held, as DEL drops it for a container already deleted.
+        ctx.store.drop_lock_file(&args.container_id);
+        drop(lock);
+        return Err(MetaError::NotAttached {
             container_id: args.container_id.clone(),
-        })?;
+        });
+    };
+    let _lock = lock;
     let label = plan
         .pod
         .as_ref()
@@ -263,6 +271,37 @@ pub fn gc(ctx: &mut Ctx, args: &CmdArgs) -> Result<(), MetaError> {
 #[cfg(test)]
 mod tests {
     use super::{gc_valid_attachments, gc_valid_list};
+
+    #[test]
+    fn check_of_an_unknown_container_fails_with_code_3_and_leaves_no_lock_file() {
+        use plexus_delegates::skel::{CmdArgs, Command};
+        let t = tempfile::tempdir().unwrap();
+        let state = t.path().join("state");
+        let config = format!(
+            r#"{{"cniVersion":"1.1.0","name":"p","type":"plexus","cniDir":"{}",
+               "delegates":[{{"cniVersion":"1.0.0","name":"cbr0","type":"bridge"}}]}}"#,
+            state.display()
+        );
+        let args = CmdArgs {
+            command: Command::Check,
+            container_id: "never-added".into(),
+            netns: "/run/netns/plexus-never-existed".into(),
+            ifname: "eth0".into(),
+            args: "IgnoreUnknown=1".into(),
+            path: vec![],
+            stdin: config.into_bytes(),
+        };
+        let mut ctx = crate::context::Ctx::new(&args, None).unwrap();
+        let e = super::check(&mut ctx, &args).unwrap_err();
+        assert_eq!(e.code(), 3, "{e:?}");
+        let locks: Vec<_> = std::fs::read_dir(state.join("locks"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(locks.is_empty(), "lock files left: {locks:?}");
+    }
 
     fn p(c: &str, i: &str) -> (String, String) {
         (c.to_string(), i.to_string())
