@@ -138,6 +138,26 @@ pub fn apply(ctx: &mut Ctx, live: &BTreeSet<String>, now: SystemTime) -> Pass {
         ..Pass::default()
     };
     let plans = ctx.store.all();
+    // A runtime that lists no sandbox at all while a plan's network namespace still exists is
+    // most likely not the kubelet's (a second containerd, runtimeEndpoint wrong): releasing
+    // would take every pod's networks. Nothing is released; the operator is told.
+    if live.is_empty() {
+        let in_use = plans
+            .iter()
+            .filter(|p| !p.netns.is_empty() && Path::new(&p.netns).exists())
+            .count();
+        if in_use > 0 {
+            tracing::warn!(
+                plans_with_netns = in_use,
+                "reconciler: the runtime lists no sandbox while plans' network namespaces exist; is runtimeEndpoint the kubelet's runtime? nothing reclaimed"
+            );
+            pass.kept_young = plans.len();
+            pass.skipped = Some(format!(
+                "the runtime lists no sandbox while {in_use} plans' network namespaces exist"
+            ));
+            return pass;
+        }
+    }
     for plan in &plans {
         let facts = PlanFacts {
             container_id: plan.container_id.clone(),

@@ -206,3 +206,43 @@ fn a_runtime_that_cannot_be_asked_means_nothing_is_released() {
     assert!(run_once(&mut ctx, None).skipped.is_some());
     assert_eq!(plan_ids(&ctx), ids(&[&id('a')]));
 }
+
+#[test]
+fn an_empty_list_while_plans_network_namespaces_exist_releases_nothing() {
+    let (node, mut ctx) = Node::new("/nonexistent.sock");
+    node.plan(&ctx, &id('a'), 600);
+    node.plan(&ctx, &id('b'), 600);
+    // `b`'s namespace is still there (any existing path stands for it).
+    let mut plan = ctx.store.load(&id('b'), "eth0").unwrap().unwrap();
+    plan.netns = node.dir.path().display().to_string();
+    ctx.store.save(&plan).unwrap();
+    age(
+        &node
+            .dir
+            .path()
+            .join("state/plans")
+            .join(format!("{}-eth0.json", id('b'))),
+        600,
+    );
+    let pass = apply(&mut ctx, &BTreeSet::new(), SystemTime::now());
+    assert!(
+        pass.skipped.is_some() && pass.reclaimed.is_empty(),
+        "{pass:?}"
+    );
+    assert_eq!(plan_ids(&ctx), ids(&[&id('a'), &id('b')]));
+    assert_eq!(node.calls(), "");
+    // Once no namespace is left, an empty list is a node without pods: both go.
+    plan.netns = "/nonexistent/netns".into();
+    ctx.store.save(&plan).unwrap();
+    age(
+        &node
+            .dir
+            .path()
+            .join("state/plans")
+            .join(format!("{}-eth0.json", id('b'))),
+        600,
+    );
+    let pass = apply(&mut ctx, &BTreeSet::new(), SystemTime::now());
+    assert_eq!(pass.reclaimed.len(), 2, "{pass:?}");
+    assert!(plan_ids(&ctx).is_empty());
+}
