@@ -699,7 +699,11 @@ fn a_daemon_mode_conflist_is_checked_as_the_runtime_hands_it_to_plexus() {
         out.status.success() && stderr.contains("refused by plexus, keeping"),
         "{stderr}"
     );
-    assert_eq!(node.read_json("00-plexus.conflist"), c, "the good config is kept");
+    assert_eq!(
+        node.read_json("00-plexus.conflist"),
+        c,
+        "the good config is kept"
+    );
 }
 
 #[test]
