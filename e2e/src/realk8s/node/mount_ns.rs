@@ -147,7 +147,7 @@ fn dirs_to_make(target: &Path, covers: &[PathBuf]) -> Vec<PathBuf> {
 /// when it is not a mount point yet), as `ip netns add` does for /run/netns.
 pub fn share_node_dir(p: &Path) -> Result<()> {
     let s = p.display().to_string();
-    if !mount_points().iter().any(|m| *m == s) {
+    if !mount_points().contains(&s) {
         mount(
             Some(p),
             p,
