@@ -112,6 +112,14 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
         &name("startup_gc_keeps_live_pods_and_reclaims_a_sandbox_crio_does_not_know"),
         || tier.startup_gc(),
     );
+    if tier.overlay.has_bandwidth() {
+        suite.case(
+            &name(
+                "bandwidth_check_panic_over_a_1_0_0_conflist_gives_a_clear_error_and_leaks_nothing",
+            ),
+            || tier.bandwidth_check(),
+        );
+    }
 }
 
 /// Everything the cases share.
@@ -566,6 +574,103 @@ impl<'a> Tier<'a> {
     /// leases exist for a sandbox CRI-O does not know. CRI-O restarted: its GC keeps both live
     /// pods' plans, leases and traffic, and releases the leaked ones. The 0.3.1 config is
     /// written back at the end.
+    /// The overlay's conflist (calico's, chaining Debian's `bandwidth` 1.1.1) declared
+    /// cniVersion 1.0.0: CRI-O's CHECK after ADD reaches plexus, which forwards it to the
+    /// chain, and `bandwidth` panics in CHECK for a pod without bandwidth settings (fixed
+    /// upstream in plugins v1.9.1). What is asserted: the sandbox fails with an error naming
+    /// the pod, the network and the plugin; the retries leave no plan, lease or calico handle;
+    /// after the conflist is written back, a pod runs again. The kubelet's retry count is
+    /// printed.
+    fn bandwidth_check(&mut self) -> Result<()> {
+        let primary = self.node.conf_dir().join(self.overlay.conf_name());
+        let original = std::fs::read_to_string(&primary)?;
+        let mut declared: Value = serde_json::from_str(&original)?;
+        declared["cniVersion"] = json!("1.0.0");
+        write_atomically(&primary, &serde_json::to_string_pretty(&declared)?)?;
+        let r = self.bandwidth_check_with();
+        self.cleanup("bwcheck");
+        write_atomically(&primary, &original)?;
+        let after = self.wait_clean();
+        r?;
+        after?;
+        // Written back: pods run again.
+        self.pods_with_traffic("after-bw")
+    }
+
+    fn bandwidth_check_with(&self) -> Result<()> {
+        let name = "bw-check";
+        // CRI-O reloads the conf dir on the write event.
+        std::thread::sleep(Duration::from_secs(1));
+        self.api.create_pod(&manifest(
+            NS,
+            name,
+            self.node.name(),
+            "bwcheck",
+            Some(&json!("br-a")),
+        ))?;
+        let mut failure = String::new();
+        let mut outcome = "";
+        wait_for(
+            "the pod Running or its sandbox failing",
+            Duration::from_secs(60),
+            || {
+                let pod = self.api.get_pod(NS, name)?.context("pod gone")?;
+                if running(&pod) {
+                    outcome = "running";
+                    return Ok(true);
+                }
+                if let Some(m) = self
+                    .api
+                    .events(NS, name)?
+                    .iter()
+                    .filter(|e| e["reason"] == "FailedCreatePodSandBox")
+                    .filter_map(|e| e["message"].as_str())
+                    .next()
+                {
+                    failure = m.to_string();
+                    outcome = "failed";
+                    return Ok(true);
+                }
+                Ok(false)
+            },
+        )?;
+        if outcome == "running" {
+            println!("    the pod runs: no CHECK failure over the 1.0.0 conflist");
+            let (sb, netns) = self.pod_netns(name)?;
+            self.sandboxes.borrow_mut().push(sb);
+            delete_and_wait(
+                &self.api,
+                NS,
+                "bwcheck",
+                &[name.to_string()],
+                &[netns],
+                Duration::from_secs(60),
+            )?;
+            return Ok(());
+        }
+        println!("    sandbox failed: {}", &failure[..failure.len().min(600)]);
+        for want in ["app/bw-check", self.net, "bandwidth", "CHECK"] {
+            ensure!(
+                failure.contains(want),
+                "the error does not name {want:?}: {failure}"
+            );
+        }
+        // The kubelet retries; each failed sandbox is DELeted through plexus.
+        std::thread::sleep(Duration::from_secs(10));
+        let tries = self
+            .api
+            .events(NS, name)?
+            .iter()
+            .filter(|e| e["reason"] == "FailedCreatePodSandBox")
+            .map(|e| e["count"].as_u64().unwrap_or(1))
+            .sum::<u64>();
+        let plans = common::files_under(&self.node.plexus_dir().join("plans"));
+        println!("    after 10 s: {tries} failed sandboxes, plans on the node: {plans:?}");
+        // At most the attempt in flight holds one.
+        ensure!(plans.len() <= 1, "failed sandboxes left plans: {plans:?}");
+        Ok(())
+    }
+
     fn startup_gc(&mut self) -> Result<()> {
         if let Some(mut p) = self.installer.take() {
             p.stop(Duration::from_secs(10));
