@@ -226,12 +226,20 @@ mod tests {
             "CNI_PATH" => Some("/nonexistent".to_string()),
             _ => None,
         };
-        let out = run(
-            &conf,
-            env,
-            br#"{"cniVersion":"1.1.0","name":"n"}"#.to_vec(),
-            &Ready,
-        );
+        // Forwarded, the call would wait for good: give it 5 s in a thread of its own.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let out = run(
+                &conf,
+                env,
+                br#"{"cniVersion":"1.1.0","name":"n"}"#.to_vec(),
+                &Ready,
+            );
+            let _ = tx.send(out);
+        });
+        let out = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("STATUS answered at once, not held by the daemon");
         let e: CniError = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!((e.code, e.msg.as_str()), (50, "in-process"), "{e}");
         // Nothing connected to the daemon's socket.
