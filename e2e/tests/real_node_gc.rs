@@ -5,20 +5,19 @@
 //! `plexus-daemon reconcile` (here every 5 s, `reconcileGraceSeconds` 10, `runtimeEndpoint`
 //! the node's containerd socket).
 //!
-//! Cases, each failing without the reconciler (nothing else ever removes that state):
-//! - a leaked sandbox: plexus ADDed for a container ID the runtime never had (as a runtime that
-//!   lost the sandbox leaves it: plan, flannel's and a NAD's host-local leases, interfaces in
-//!   its netns) plus a plexus device-info file for it; all of it is reclaimed while two live
-//!   pods keep their plans and leases and ping each other on eth0 and net1;
+//! Cases:
+//! - a leaked sandbox, thin and daemon mode (fails without the reconciler: nothing else removes
+//!   that state): plexus ADDed for a container ID the runtime never had (as a runtime that lost
+//!   the sandbox leaves it: plan, flannel's and a NAD's host-local leases, interfaces in its
+//!   netns) plus a plexus device-info file for it; all of it is reclaimed while two live pods
+//!   keep their plans and leases and ping each other on eth0 and net1;
 //! - containerd SIGKILLed mid-`RunPodSandbox`: a NAD's delegate (a script in the node's bin dir)
-//!   blocks the first ADD, containerd is killed with SIGKILL and started again; the ADD it
-//!   never hears of finishes, the kubelet's next sandbox runs the pod. containerd 1.6 (the
-//!   compatibility tier's runtime) stores a sandbox only once its network is up, so after the
-//!   restart it does not know the orphan and never DELs it: its plan and leases are reclaimed
-//!   by the reconciler, with no GC or DEL from the runtime. containerd 2.3 stores the sandbox
-//!   first, lists it (not ready) after the restart and DELs it itself (its ADD finishes under
-//!   plexus' container lock first): that case checks that nothing is left and that the
-//!   reconciler had nothing to do with it.
+//!   blocks the first ADD, containerd is killed with SIGKILL and started again, the ADD it
+//!   never hears of finishes, the kubelet's next sandbox runs the pod. Measured: containerd
+//!   2.3.4 and 1.6.20 both list the orphan (not ready) after the restart and DEL it themselves
+//!   (the DEL waits for plexus' container lock, held by the ADD), so nothing is left and this
+//!   case passes with or without the reconciler; were the orphan not listed, it would require
+//!   the reconciler to reclaim it.
 //!
 //! Figures printed: what was left before, how long the reclaim took, what is left after.
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
