@@ -1,6 +1,7 @@
 //! A node on CRI-O 1.36 (`../shared/runtimes`, with Debian's runc and conmon): its config file
 //! with every path under the node's directory (root, runroot, socket, version and clean-shutdown
-//! files, exits and attach dirs, hooks, namespaces, runc's root; NRI off, no CDI dir), the
+//! files, exits and attach dirs, hooks, namespaces, runc's root, the namespaced auth dir CRI-O
+//! creates at start-up (`/etc/crio/auth` by default); NRI off, no CDI dir), the
 //! pause image copied into its containers-storage by skopeo, crio started in a mount namespace
 //! of its own like containerd, and the conmon processes it leaves killed when the node stops.
 //!
@@ -166,6 +167,7 @@ pause_command = "/pause"
 pinned_images = ["{PAUSE_IMAGE}"]
 signature_policy = "{policy}"
 signature_policy_dir = "{policies}"
+namespaced_auth_dir = "{auth}"
 
 [crio.network]
 network_dir = "{conf}"
@@ -193,6 +195,7 @@ nri_listen = "{nri}"
             conmon = bins.conmon.display(),
             policy = p("crio/policy.json"),
             policies = p("crio/policies"),
+            auth = p("crio/auth"),
             conf = self.conf_dir().display(),
             bin = self.bin_dir().display(),
             nri = p("crio/nri.sock"),

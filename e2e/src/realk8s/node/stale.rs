@@ -6,7 +6,7 @@
 //! its links. The next run's leak checks would count them as its own. A run is dead when no
 //! containerd, crio or kubelet names its directory; only the test runs' own names are touched
 //! (`/tmp/plexus-node-*`, `plexus-node-<pid>` cgroups, the node tiers' `px<tier><pid>…` links, `cni-*`
-//! netns nobody is in, only while no node of any run is alive).
+//! and CRI-O's UUID-named netns nobody is in, only while no node of any run is alive).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -238,13 +238,31 @@ fn netns_inode(p: &Path) -> Option<u64> {
     std::fs::metadata(p).ok().map(|m| m.ino())
 }
 
-/// Remove `/run/netns/cni-*` files no process is in (a live sandbox has its pause process).
+/// Whether `name` is a pod netns name CRI-O's pinns gives (a UUID, `8-4-4-4-12` hex digits).
+fn crio_netns_name(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// Remove `/run/netns/cni-*` files (containerd's) and UUID-named ones (CRI-O's) no process is
+/// in (a live sandbox has its pause process).
 fn remove_empty_cni_netns(procs: &[ProcInfo]) {
     let used: BTreeSet<u64> = procs
         .iter()
         .filter_map(|p| netns_inode(Path::new(&format!("/proc/{}/ns/net", p.pid))))
         .collect();
-    for name in super::host::cni_netns() {
+    let crio: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| crio_netns_name(n))
+        .collect();
+    for name in super::host::cni_netns().into_iter().chain(crio) {
         let p = Path::new("/run/netns").join(&name);
         if netns_inode(&p).is_some_and(|i| used.contains(&i)) {
             continue;
@@ -292,7 +310,21 @@ fn remove_dead_runs_links() {
 
 #[cfg(test)]
 mod tests {
-    use super::{link_owner, nat_cleanup_script};
+    use super::{crio_netns_name, link_owner, nat_cleanup_script};
+
+    #[test]
+    fn crio_netns_names_are_uuids() {
+        assert!(crio_netns_name("c5e24b0d-42e4-40e0-8381-15e9995580a2"));
+        for other in [
+            "cni-51cf552c-c34b-9ed5-41d7-2a29dd78b358",
+            "pxo4242g",
+            "c5e24b0d-42e4-40e0-8381-15e9995580a",
+            "g5e24b0d-42e4-40e0-8381-15e9995580a2",
+            "",
+        ] {
+            assert!(!crio_netns_name(other), "{other}");
+        }
+    }
 
     #[test]
     fn nat_cleanup_removes_per_container_chains_and_their_jumps_only() {
