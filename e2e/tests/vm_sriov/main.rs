@@ -9,10 +9,11 @@
 //! `PLEXUS_VM_TIER`: unset = run when QEMU and the kernel are present, else print how to enable
 //! the tier and pass; `require` = a missing part fails (CI); `skip` = do not run.
 //! `PLEXUS_VM_DIR` (default `target/vm`): where `scripts/vm-kernel.sh` unpacked the kernel.
-//! `PLEXUS_VM_TIMEOUT` (seconds, default 600, 1500 with the node cases): the whole VM run.
+//! `PLEXUS_VM_TIMEOUT` (seconds, default 600, 2400 with the node cases): the whole VM run.
 //! `PLEXUS_K8S_BIN` (as the real-cluster tiers): also run the node cases (`cases_node`: a real
-//! kubelet + containerd in the VM, the bank pod by sriovdp and by dra-driver-sriov) in the same
-//! boot, after the delegate cases; `PLEXUS_K8S_REQUIRE=1` makes missing binaries a failure.
+//! kubelet + containerd 2.3 on cgroup v2 in the VM, the bank pod by sriovdp and by
+//! dra-driver-sriov) in the same boot, after the delegate cases; `PLEXUS_K8S_REQUIRE=1` makes
+//! missing binaries a failure.
 //! `PLEXUS_VM_CASES=a,b`: run only the cases whose name contains `a` or `b`.
 //! `PLEXUS_VM_ACCEL` (default `tcg`): QEMU accelerator, e.g. `kvm` where KVM works.
 //! `PLEXUS_VM_BENCH=1`: also run the sriov vs sriov-cni benchmark (see `bench_host`), and with
