@@ -110,7 +110,8 @@ const USAGE: &str =
                      [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
                      [--log-level LEVEL] [--log-file PATH] [--status-in-call]
                      [--host-root DIR] [--reconcile-interval SECONDS] [--cni-config FILE]
-       plexus daemon reconcile --config FILE ...   (one node reconciler pass; --help)";
+       plexus daemon reconcile --config FILE ... [--every SECONDS]
+                     (node reconciler: one pass, or a loop; --help)";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).

@@ -1,8 +1,10 @@
 //! Where the node reconciler ([`super::reconcile`]) runs: a thread of the daemon (at start and
 //! every `reconcileIntervalSeconds`, over the plexus configs it has served calls with and its
-//! `cniConfig` file), and `plexus-daemon reconcile --config FILE` (`plexus daemon reconcile …`),
-//! one pass, which `install.sh --watch` runs in thin mode. The thin `plexus` binary does no
-//! reconciler work: its ADD and DEL are unchanged.
+//! `cniConfig` file), and `plexus-daemon reconcile --config FILE` (`plexus daemon reconcile …`):
+//! one pass, which `install.sh --watch` runs in thin mode on a host, or with `--every SECONDS` a
+//! loop, which the thin DaemonSet's privileged `reconcile` container runs (its installer is
+//! unprivileged and does not). The thin `plexus` binary does no reconciler work: its ADD and DEL
+//! are unchanged.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -108,77 +110,265 @@ fn configs(cni_config: &str) -> Vec<(Vec<u8>, Vec<PathBuf>)> {
 }
 
 const USAGE: &str =
-    "usage: plexus-daemon reconcile --config FILE [--cni-path DIR[:DIR…]] [--host-root DIR]
-  One pass of the node reconciler over FILE's cniDir (a plexus config or the conflist holding it):
-  releases every saved plan whose sandbox the runtime (runtimeEndpoint) no longer lists and
-  that is older than reconcileGraceSeconds. Delegates are found in binDir, then --cni-path
-  (default $CNI_PATH). A daemon-mode config (daemonSocket) is left to the daemon.";
+    "usage: plexus-daemon reconcile --config FILE [--config FILE…] [--cni-path DIR[:DIR…]]
+                              [--host-root DIR] [--every SECONDS]
+  A pass of the node reconciler over the first FILE that exists (a plexus config or the
+  conflist holding it), over its cniDir: releases every saved plan whose sandbox the runtime
+  (runtimeEndpoint) no longer lists and that is older than reconcileGraceSeconds. Delegates are
+  found in binDir, then --cni-path (default $CNI_PATH); with --host-root they run chrooted into
+  it (the host's / as mounted in a container). A daemon-mode config (daemonSocket) is left to
+  the daemon.
+  --every SECONDS: a pass every SECONDS (1-86400) until SIGTERM/SIGINT, logging to stderr; no
+  config yet (the installer has not published one), a daemon-mode config and a config that
+  does not parse are logged and waited out. Without it: one pass.";
 
-/// `plexus-daemon reconcile …`: one pass; 0 when it ran or had nothing to do (a runtime that
-/// cannot be asked is logged, not an error), 1 when a plan could not be released, 2 on usage.
+/// Bounds of `--every`, seconds.
+const EVERY_SECONDS: (u64, u64) = (1, 86_400);
+
+/// `plexus-daemon reconcile`'s arguments.
+#[derive(Debug, PartialEq)]
+struct Opts {
+    /// The configs to cover, the first that exists (install.sh publishes `.conflist` or `.conf`).
+    configs: Vec<PathBuf>,
+    cni_path: Vec<PathBuf>,
+    host_root: Option<PathBuf>,
+    /// Loop mode: a pass every this often; `None`: one pass.
+    every: Option<Duration>,
+}
+
+impl Opts {
+    /// From `argv` (after `reconcile`); `cni_path_env` is `$CNI_PATH`. `Ok(None)`: `--help`.
+    fn parse(
+        argv: &[String],
+        cni_path_env: Option<&std::ffi::OsStr>,
+    ) -> Result<Option<Opts>, String> {
+        let mut o = Opts {
+            configs: Vec::new(),
+            cni_path: cni_path_env
+                .map(|p| std::env::split_paths(p).collect())
+                .unwrap_or_default(),
+            host_root: None,
+            every: None,
+        };
+        let mut it = argv.iter();
+        while let Some(a) = it.next() {
+            if a == "-h" || a == "--help" {
+                return Ok(None);
+            }
+            let v = match a.as_str() {
+                "--config" | "--cni-path" | "--host-root" | "--every" => {
+                    it.next().ok_or(format!("{a} wants a value"))?
+                }
+                _ => return Err(format!("bad argument {a:?}")),
+            };
+            match a.as_str() {
+                "--config" => o.configs.push(PathBuf::from(v)),
+                "--cni-path" => o.cni_path = std::env::split_paths(v).collect(),
+                "--host-root" => o.host_root = Some(PathBuf::from(v)),
+                _ => {
+                    let n = v
+                        .parse::<u64>()
+                        .map_err(|e| format!("--every {v:?}: {e}"))?;
+                    plexus_conf::bounds::check("--every", n, EVERY_SECONDS)
+                        .map_err(|e| format!("{}: {}", e.msg, e.details))?;
+                    o.every = Some(Duration::from_secs(n));
+                }
+            }
+        }
+        if o.configs.is_empty() {
+            return Err("--config is required".into());
+        }
+        Ok(Some(o))
+    }
+}
+
+/// What one pass found.
+#[derive(Debug)]
+enum Outcome {
+    /// None of the configs exists.
+    NoConfig,
+    /// The config is daemon mode's: the daemon covers it.
+    DaemonMode(PathBuf),
+    /// The config could not be read or parsed.
+    Bad(String),
+    /// A pass ran; how many plans could not be released.
+    Ran { failed: usize },
+}
+
+/// `plexus-daemon reconcile …`: one pass, or with `--every` a pass every so often until
+/// SIGTERM. One pass: 0 when it ran or had nothing to do (a runtime that cannot be asked is
+/// logged, not an error), 1 when a plan could not be released, 2 on usage or a config that
+/// cannot be read. Loop mode: 0 at SIGTERM/SIGINT, 2 on usage, 1 when signals cannot be caught.
 pub fn main(argv: &[String]) -> i32 {
-    let mut config = None;
-    let mut cni_path: Vec<PathBuf> = std::env::var_os("CNI_PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    let mut host_root = None;
-    let mut it = argv.iter();
-    while let Some(a) = it.next() {
-        match (a.as_str(), it.clone().next()) {
-            ("-h" | "--help", _) => {
-                println!("{USAGE}");
-                return 0;
-            }
-            ("--config", Some(v)) => config = Some(PathBuf::from(v)),
-            ("--cni-path", Some(v)) => cni_path = std::env::split_paths(v).collect(),
-            ("--host-root", Some(v)) => host_root = Some(PathBuf::from(v)),
-            _ => {
-                eprintln!("plexus-daemon reconcile: bad argument {a:?}\n{USAGE}");
-                return 2;
-            }
+    let cni_path_env = std::env::var_os("CNI_PATH");
+    let o = match Opts::parse(argv, cni_path_env.as_deref()) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return 0;
         }
-        it.next();
-    }
-    let Some(config) = config else {
-        eprintln!("plexus-daemon reconcile: --config is required\n{USAGE}");
-        return 2;
-    };
-    let bytes = match plexus_delegates::fsutil::read_capped(
-        &config,
-        plexus_conf::limits::MAX_CONFIG_FILE_BYTES,
-    ) {
-        Ok(b) => b,
         Err(e) => {
-            eprintln!("plexus-daemon reconcile: {}: {e}", config.display());
+            eprintln!("plexus-daemon reconcile: {e}\n{USAGE}");
             return 2;
         }
     };
-    // Before parsing: a daemon-mode config (of type plexus-shim, say) is the daemon's to cover.
-    if is_shim_config(&bytes) {
-        return 0;
-    }
-    let parsed = match PlexusConfig::parse(&bytes) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "plexus-daemon reconcile: {}: {}: {}",
-                config.display(),
-                e.msg,
-                e.details
-            );
-            return 2;
-        }
-    };
-    init_logging(&parsed);
-    if let Some(root) = &host_root {
+    if let Some(root) = &o.host_root {
         if let Err(e) = plexus_delegates::hostroot::set(root) {
             eprintln!("plexus-daemon reconcile: --host-root: {e}");
             return 2;
         }
     }
-    let mut ctx = Ctx::from_config(parsed, &cni_path, InClusterEnv::from_process_env());
-    let pass = super::reconcile::run_once(&mut ctx, host_root.as_deref());
-    i32::from(pass.failed > 0)
+    match o.every {
+        None => match pass(&o, true) {
+            Outcome::NoConfig => {
+                eprintln!(
+                    "plexus-daemon reconcile: none of {} exists",
+                    names(&o.configs)
+                );
+                2
+            }
+            Outcome::Bad(e) => {
+                eprintln!("plexus-daemon reconcile: {e}");
+                2
+            }
+            Outcome::DaemonMode(_) => 0,
+            Outcome::Ran { failed } => i32::from(failed > 0),
+        },
+        Some(every) => run_loop(&o, every),
+    }
+}
+
+fn names(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One pass over the first of `o.configs` that exists; `init_log`: set up logging from the
+/// config (one-pass mode; loop mode logs to stderr from the start).
+fn pass(o: &Opts, init_log: bool) -> Outcome {
+    let Some((config, bytes)) = o.configs.iter().find_map(|f| {
+        match plexus_delegates::fsutil::read_capped(f, plexus_conf::limits::MAX_CONFIG_FILE_BYTES) {
+            Ok(b) => Some((f, Ok(b))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => Some((f, Err(e))),
+        }
+    }) else {
+        return Outcome::NoConfig;
+    };
+    let bytes = match bytes {
+        Ok(b) => b,
+        Err(e) => return Outcome::Bad(format!("{}: {e}", config.display())),
+    };
+    // Before parsing: a daemon-mode config (of type plexus-shim, say) is the daemon's to cover.
+    if is_shim_config(&bytes) {
+        return Outcome::DaemonMode(config.clone());
+    }
+    let parsed = match PlexusConfig::parse(&bytes) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Bad(format!("{}: {}: {}", config.display(), e.msg, e.details)),
+    };
+    if init_log {
+        init_logging(&parsed);
+    }
+    let mut ctx = Ctx::from_config(parsed, &o.cni_path, InClusterEnv::from_process_env());
+    let pass = super::reconcile::run_once(&mut ctx, plexus_delegates::hostroot::get());
+    Outcome::Ran {
+        failed: pass.failed,
+    }
+}
+
+/// `--every`: a pass, then a wait of `every` (cut short by SIGTERM/SIGINT), and again. What a
+/// pass finds is logged when it changes (no config, daemon mode, a bad config), not every time.
+fn run_loop(o: &Opts, every: Duration) -> i32 {
+    let level = std::env::var("PLEXUS_LOG_LEVEL")
+        .ok()
+        .filter(|l| matches!(l.as_str(), "debug" | "trace"))
+        .unwrap_or_else(|| "info".into());
+    plexus_delegates::logging::init(&plexus_delegates::logging::LogOptions {
+        level,
+        file: None,
+        to_stderr: true,
+        max_size_mb: 100,
+        max_backups: 5,
+    });
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("plexus-daemon reconcile: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let signals = rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+        ))
+    });
+    let (mut term, mut int) = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("plexus-daemon reconcile: cannot catch SIGTERM: {e}");
+            return 1;
+        }
+    };
+    tracing::info!(
+        every_s = every.as_secs(),
+        configs = %names(&o.configs),
+        "node reconciler loop started (releases sandboxes the runtime no longer lists)"
+    );
+    let mut last = String::new();
+    loop {
+        let said = match pass(o, false) {
+            Outcome::NoConfig => {
+                let s = format!("no plexus config yet ({}): waiting", names(&o.configs));
+                if s != last {
+                    tracing::info!("{s}");
+                }
+                s
+            }
+            Outcome::DaemonMode(f) => {
+                let s = format!(
+                    "{} is a daemon-mode config: the daemon reconciles",
+                    f.display()
+                );
+                if s != last {
+                    tracing::info!("{s}");
+                }
+                s
+            }
+            Outcome::Bad(e) => {
+                if e != last {
+                    tracing::warn!(error = %e, "reconciler: the config cannot be used; nothing reclaimed");
+                }
+                e
+            }
+            Outcome::Ran { failed } => {
+                if failed > 0 {
+                    tracing::warn!(failed, "reconciler: plans not released (next pass retries)");
+                }
+                String::new()
+            }
+        };
+        last = said;
+        let stop = rt.block_on(async {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => false,
+                _ = term.recv() => true,
+                _ = int.recv() => true,
+            }
+        });
+        if stop {
+            tracing::info!("node reconciler loop stopped (signal)");
+            return 0;
+        }
+    }
 }
 
 /// stderr (the installer's log) at `info` at least, and the config's `logFile`.
@@ -199,6 +389,92 @@ fn init_logging(c: &PlexusConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(a: &[&str]) -> Result<Option<Opts>, String> {
+        let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        Opts::parse(&a, Some(std::ffi::OsStr::new("/env/a:/env/b")))
+    }
+
+    #[test]
+    fn the_loop_and_its_configs_are_parsed() {
+        let o = parse(&[
+            "--config",
+            "/etc/cni/net.d/00-plexus.conflist",
+            "--config",
+            "/etc/cni/net.d/00-plexus.conf",
+            "--cni-path",
+            "/opt/cni/bin",
+            "--host-root",
+            "/hostroot",
+            "--every",
+            "60",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            o,
+            Opts {
+                configs: vec![
+                    PathBuf::from("/etc/cni/net.d/00-plexus.conflist"),
+                    PathBuf::from("/etc/cni/net.d/00-plexus.conf")
+                ],
+                cni_path: vec![PathBuf::from("/opt/cni/bin")],
+                host_root: Some(PathBuf::from("/hostroot")),
+                every: Some(Duration::from_secs(60)),
+            }
+        );
+        // One pass, $CNI_PATH by default.
+        let o = parse(&["--config", "/c"]).unwrap().unwrap();
+        assert_eq!(o.every, None);
+        assert_eq!(
+            o.cni_path,
+            vec![PathBuf::from("/env/a"), PathBuf::from("/env/b")]
+        );
+        assert_eq!(o.host_root, None);
+        assert_eq!(parse(&["--config", "/c", "--help"]).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_loop_arguments_are_refused_naming_them() {
+        for (args, says) in [
+            (
+                &["--config", "/c", "--every", "0"][..],
+                "between 1 and 86400",
+            ),
+            (
+                &["--config", "/c", "--every", "86401"],
+                "between 1 and 86400",
+            ),
+            (&["--config", "/c", "--every", "5s"], "--every \"5s\""),
+            (&["--config", "/c", "--every", "-1"], "--every"),
+            (&["--config", "/c", "--every"], "--every wants a value"),
+            (&["--every", "5"], "--config is required"),
+            (&["--config"], "--config wants a value"),
+            (&["--config", "/c", "--loop"], "bad argument \"--loop\""),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        assert!(parse(&["--config", "/c", "--every", "1"]).is_ok());
+        assert!(parse(&["--config", "/c", "--every", "86400"]).is_ok());
+    }
+
+    #[test]
+    fn a_pass_uses_the_first_config_that_exists_and_leaves_daemon_mode_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let (list, conf) = (t.path().join("a.conflist"), t.path().join("a.conf"));
+        let o = Opts {
+            configs: vec![list.clone(), conf.clone()],
+            cni_path: Vec::new(),
+            host_root: None,
+            every: None,
+        };
+        assert!(matches!(pass(&o, false), Outcome::NoConfig));
+        std::fs::write(&conf, br#"{"type":"plexus","daemonSocket":"/s"}"#).unwrap();
+        assert!(matches!(pass(&o, false), Outcome::DaemonMode(f) if f == conf));
+        std::fs::write(&list, b"{").unwrap();
+        assert!(matches!(pass(&o, false), Outcome::Bad(e) if e.contains("a.conflist")));
+    }
 
     #[test]
     fn a_daemon_mode_config_is_left_to_the_daemon() {
