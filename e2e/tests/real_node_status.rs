@@ -9,7 +9,8 @@
 //! whole exec as libcni runs it), with no request of plexus' ServiceAccount in the apiserver's
 //! audit log meanwhile; transients that must not flap the node (thin: plexus' config rewritten
 //! by install.sh over and over, the cluster network's conflist rewritten in place the way
-//! `cp` does; daemon: the daemon SIGKILLed, down, started, SIGTERMed and started again) with
+//! `cp` does; daemon: the daemon SIGKILLed, down, started, SIGTERMed and started again, then
+//! frozen by SIGSTOP, taking connections and answering none) with
 //! Ready=True at every sample; and real causes (a plugin of the cluster network gone, its
 //! conflist gone, the readiness indicator file gone, the cluster network's own STATUS failing):
 //! NotReady with plexus' message naming its network and the cause, then Ready once fixed.
@@ -122,6 +123,10 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, watch: &ReadyWatch) {
     suite.case(
         "daemon/daemon_killed_stopped_and_restarted_never_flaps_ready",
         || tier.daemon_restarts(watch),
+    );
+    suite.case(
+        "daemon/a_daemon_that_takes_calls_and_never_answers_does_not_hold_status",
+        || tier.daemon_frozen(watch),
     );
     suite.case(
         "daemon/a_plugin_of_the_cluster_network_gone_is_not_ready_with_the_reason_then_ready",
@@ -712,6 +717,48 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
+    /// The daemon frozen (SIGSTOP) for 15 s: its socket still takes connections, nothing
+    /// answers. STATUS goes on being answered (it never asks the daemon; forwarded, it would
+    /// wait for good and the runtime's STATUS with it), Ready at every sample.
+    fn daemon_frozen(&mut self, watch: &ReadyWatch) -> Result<()> {
+        let pid = daemon_pid(&self.socket())?;
+        let log = self.plexus_log();
+        let from = file_len(&log);
+        let t0 = Instant::now();
+        let signal = |sig: &str| -> Result<()> {
+            let ok = Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()?
+                .success();
+            ensure!(ok, "kill {sig} {pid}");
+            Ok(())
+        };
+        signal("-STOP")?;
+        // One call by hand too, as libcni makes it: plexus-shim with the 1.1.0 plugin config.
+        std::thread::sleep(Duration::from_secs(2));
+        let by_hand = run_status(
+            &self.node.node.bin_dir().join("plexus-shim"),
+            &self.node.node.bin_dir(),
+            &self.plugin_config("1.1.0")?,
+        );
+        std::thread::sleep(Duration::from_secs(13));
+        let (during, _) = status_lines(&log, from);
+        signal("-CONT")?;
+        let (ok, ms, out) = by_hand?;
+        ensure!(ok, "STATUS by hand while the daemon was frozen: {out}");
+        std::thread::sleep(Duration::from_secs(3));
+        let n = watch.ready_throughout(t0, "the frozen daemon")?;
+        ensure!(
+            during >= 2,
+            "only {during} STATUS calls answered in 15 s while the daemon was frozen"
+        );
+        println!(
+            "    daemon frozen (SIGSTOP) 15 s: {during} STATUS calls answered meanwhile, one by \
+             hand through plexus-shim in {ms:.1} ms, Node Ready at all {n} samples"
+        );
+        Ok(())
+    }
+
     // ------------------------------------------------------------------------- real outages
 
     /// `break_it` then wait for NotReady with a message holding `words`; `fix` then wait for
@@ -818,6 +865,26 @@ impl<'a> Tier<'a> {
 
 // ------------------------------------------------------------------------------------ helpers
 
+/// The pid of the plexus daemon serving `socket` (its `--socket` argument).
+fn daemon_pid(socket: &Path) -> Result<u32> {
+    let want = socket.as_os_str().as_encoded_bytes();
+    for e in std::fs::read_dir("/proc")?.filter_map(Result::ok) {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.first().is_some_and(|a| a.ends_with(b"plexus-daemon"))
+            && args.windows(2).any(|w| w[0] == b"--socket" && w[1] == want)
+        {
+            return Ok(pid);
+        }
+    }
+    bail!("no plexus-daemon process on {}", socket.display())
+}
+
 fn file_len(p: &Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
 }
@@ -865,7 +932,8 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
     v[i]
 }
 
-/// Exec `bin` as libcni does for STATUS: (succeeded, wall-clock ms, stdout).
+/// Exec `bin` as libcni does for STATUS: (succeeded, wall-clock ms, stdout); an error when it
+/// has not answered within 5 s (it is killed then).
 fn run_status(bin: &Path, cni_path: &Path, cfg: &Value) -> Result<(bool, f64, String)> {
     let t = Instant::now();
     let mut child = Command::new(bin)
@@ -882,6 +950,14 @@ fn run_status(bin: &Path, cni_path: &Path, cfg: &Value) -> Result<(bool, f64, St
         cfg.to_string().as_bytes(),
     )?;
     drop(child.stdin.take());
+    while child.try_wait()?.is_none() {
+        if t.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{} STATUS: no answer within 5 s", bin.display());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let out = child.wait_with_output()?;
     let ms = t.elapsed().as_secs_f64() * 1000.0;
     Ok((
