@@ -42,7 +42,7 @@ use serde_json::{json, Value};
 const PLEXUS_USER: &str = "system:serviceaccount:kube-system:plexus";
 
 /// How long each measurement window lasts.
-const WINDOW: Duration = Duration::from_secs(60);
+const WINDOW: Duration = Duration::from_secs(30);
 
 /// How long the kubelet may take to report a change of NetworkReady (it asks the runtime every
 /// 5 s and posts the Node every 2 s here).
