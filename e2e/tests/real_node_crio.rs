@@ -34,7 +34,9 @@ use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::mount_ns::NodeMounts;
 use plexus_e2e::realk8s::node::{use_runtime, wait_for, Node};
-use plexus_e2e::realk8s::node_rig::{selected_overlays, InstallSh, OverlayNode};
+use plexus_e2e::realk8s::node_rig::{
+    selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtimes::{Containerd, Runtime};
@@ -59,17 +61,21 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     use_runtime(Runtime::Crio);
-    for (kind, octet, _) in
-        selected_overlays(&[(Kind::Flannel, 238, true), (Kind::Calico, 237, true)])
-    {
+    // Thin mode on both overlays, daemon mode on calico (`full` = daemon here).
+    for (kind, octet, daemon) in selected_overlays(&[
+        (Kind::Flannel, 238, false),
+        (Kind::Calico, 237, false),
+        (Kind::Calico, 235, true),
+    ]) {
+        let mode = if daemon { Mode::Daemon } else { Mode::Thin };
         let t0 = Instant::now();
-        let started = Tier::start(&cp, kind, octet);
+        let started = Tier::start(&cp, kind, octet, mode);
         let Some(mut tier) = setup_or_report("real_node_crio", &cp, started) else {
             use_runtime(Runtime::Containerd(Containerd::V2));
             return ExitCode::FAILURE;
         };
         println!(
-            "real_node_crio: {} node on CRI-O ready in {:.1} s",
+            "real_node_crio: {} node on CRI-O ({mode:?} mode) ready in {:.1} s",
             kind.name(),
             t0.elapsed().as_secs_f64()
         );
@@ -83,7 +89,11 @@ fn main() -> ExitCode {
 /// The cases on one overlay, in order.
 fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
     let k = tier.overlay.kind().name();
-    let name = |c: &str| format!("{k}/crio/{c}");
+    let m = match tier.mode {
+        Mode::Thin => "crio",
+        Mode::Daemon => "crio-daemon",
+    };
+    let name = |c: &str| format!("{k}/{m}/{c}");
     let installed = tier.install();
     let ok = installed.is_ok();
     suite.case(
@@ -112,7 +122,7 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
         &name("startup_gc_keeps_live_pods_and_reclaims_a_sandbox_crio_does_not_know"),
         || tier.startup_gc(),
     );
-    if tier.overlay.has_bandwidth() {
+    if tier.overlay.has_bandwidth() && tier.mode == Mode::Thin {
         suite.case(
             &name(
                 "bandwidth_check_panic_over_a_1_0_0_conflist_gives_a_clear_error_and_leaks_nothing",
@@ -122,9 +132,20 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
     }
 }
 
+/// How plexus runs on the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The `plexus` binary (deploy/plexus-daemonset.yaml's installer).
+    Thin,
+    /// `plexus-shim` + `plexus-daemon` (deploy/plexus-daemon-daemonset.yaml).
+    Daemon,
+}
+
 /// Everything the cases share.
 struct Tier<'a> {
     cp: &'a ControlPlane,
+    mode: Mode,
+    daemon: Option<PlexusDaemon>,
     node: Node<'a>,
     overlay: Overlay,
     api: Api,
@@ -146,8 +167,11 @@ fn link(suffix: &str) -> String {
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane, kind: Kind, octet: u8) -> Result<Tier<'a>> {
-        let k = &kind.name()[..1];
+    fn start(cp: &'a ControlPlane, kind: Kind, octet: u8, mode: Mode) -> Result<Tier<'a>> {
+        let k = match mode {
+            Mode::Thin => &kind.name()[..1],
+            Mode::Daemon => "d",
+        };
         let bridge = link(&format!("{k}a"));
         let master = link(&format!("{k}m"));
         let links = vec![bridge.clone(), master.clone(), format!("{master}p")];
@@ -156,7 +180,7 @@ impl<'a> Tier<'a> {
             kind,
             octet,
             &link(k),
-            &format!("plexus-crio-{}", kind.name()),
+            &format!("plexus-crio-{}-{}", kind.name(), k),
             &links,
         )?;
         let ok = Command::new("ip")
@@ -172,6 +196,8 @@ impl<'a> Tier<'a> {
         }
         Ok(Tier {
             cp,
+            mode,
+            daemon: None,
             api: Api::new(&cp.admin_kubeconfig())?,
             installer: None,
             net: overlay.network_name(),
@@ -191,6 +217,9 @@ impl<'a> Tier<'a> {
         }
         self.overlay.stop();
         self.node.stop();
+        if let Some(d) = self.daemon.take() {
+            d.stop();
+        }
         let dir = self.node.dir().display().to_string();
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         if mounts.contains(&dir) {
@@ -226,15 +255,54 @@ impl<'a> Tier<'a> {
             "the Node's runtime: {rt:?}"
         );
         println!("    Node {}: {rt}", self.node.name());
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
-        let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
+        let (install, binaries) = match self.mode {
+            Mode::Thin => {
+                cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
+                let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
+                (install, vec![("plexus", common::bin("plexus"))])
+            }
+            Mode::Daemon => {
+                cp.apply_deploy(&[
+                    "nad-crd.yaml",
+                    "rbac.yaml",
+                    "rbac-daemon.yaml",
+                    "plexus-daemon-daemonset.yaml",
+                ])?;
+                let token = plexus_token(cp, &PlexusToken::Unbound)?;
+                let kubeconfig = self.node.path("daemon.kubeconfig");
+                cp.write_kubeconfig(&kubeconfig, &token)?;
+                std::fs::create_dir_all(self.node.path("run"))?;
+                self.daemon = Some(PlexusDaemon::start(&DaemonOpts {
+                    bin: &common::bin("plexus-daemon"),
+                    socket: &self.socket(),
+                    kubeconfig: &kubeconfig,
+                    node: self.node.name(),
+                    dir: self.node.dir(),
+                    metrics_port: plexus_e2e::realk8s::free_port()?,
+                })?);
+                let install =
+                    InstallSh::from_daemonset(cp, "kube-plexus-daemon", "install-plexus")?;
+                (
+                    install,
+                    vec![
+                        ("plexus", common::bin("plexus")),
+                        ("plexus-shim", common::bin("plexus-shim")),
+                    ],
+                )
+            }
+        };
         let token = plexus_token(cp, &PlexusToken::Unbound)?;
-        let binaries = [
-            ("plexus", common::bin("plexus")),
-            ("sriov", common::bin("sriov")),
-        ];
-        let extra = json!({"cniDir": self.node.plexus_dir(),
-            "nadPolicy": nad_policy_allowing(&[&self.node.ipam_dir()])});
+        let mut binaries = binaries;
+        binaries.push(("sriov", common::bin("sriov")));
+        let mut extra = install.extra.clone();
+        extra["cniDir"] = json!(self.node.plexus_dir());
+        extra["nadPolicy"] = nad_policy_allowing(&[&self.node.ipam_dir()]);
+        if self.mode == Mode::Daemon {
+            extra["daemonSocket"] = json!(self.socket());
+            // The daemon's node reconciler asks this node's CRI-O, not a default socket.
+            extra["runtimeEndpoint"] =
+                json!(format!("unix://{}", self.node.runtime_socket().display()));
+        }
         self.installer = Some(install.spawn(cp, &self.node, &token, &binaries, &extra)?);
         wait_for("plexus' config", Duration::from_secs(60), || {
             Ok(self.plexus_conf().exists())
@@ -247,6 +315,16 @@ impl<'a> Tier<'a> {
             conf["cniVersion"],
             conf["cniVersions"]
         );
+        let plugin = if conf["plugins"].is_array() {
+            &conf["plugins"][0]
+        } else {
+            &conf
+        };
+        let want = match self.mode {
+            Mode::Thin => "plexus",
+            Mode::Daemon => "plexus-shim",
+        };
+        ensure!(plugin["type"] == want, "{conf}");
         wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())
             .with_context(|| self.node.logs(15))?;
         let (sb, netns) = self.pod_netns("probe")?;
@@ -275,6 +353,12 @@ impl<'a> Tier<'a> {
             json!({"cniVersion":"0.4.0","name":"mv-c","type":"macvlan","master":self.master,"mode":"bridge","ipam":ipam("10.236.3.0/24")}),
         )?;
         Ok(())
+    }
+
+    /// The daemon's socket (daemon mode), in the node's directory: CRI-O's shim calls reach it
+    /// from CRI-O's mount namespace.
+    fn socket(&self) -> PathBuf {
+        self.node.path("run/plexus.sock")
     }
 
     /// install.sh's config: `00-plexus.conf` (a 0.x primary) or `00-plexus.conflist` (an
@@ -453,9 +537,22 @@ impl<'a> Tier<'a> {
 
     // ------------------------------------------------------------------------------ cases
 
+    /// The daemon's request count for `verb` with outcome `ok` (0 in thin mode).
+    fn daemon_served(&self, verb: &str) -> Result<f64> {
+        match &self.daemon {
+            Some(d) => d.metric("plexus_cni_requests_total", &[verb, "ok"]),
+            None => Ok(0.0),
+        }
+    }
+
     fn pods_with_traffic(&self, batch: &str) -> Result<()> {
         let run = || -> Result<()> {
+            let served = self.daemon_served("ADD")?;
             let pair = self.create_pair(batch)?;
+            if self.mode == Mode::Daemon {
+                let n = self.daemon_served("ADD")? - served;
+                ensure!(n >= 2.0, "the daemon served {n} ADDs for 2 pods");
+            }
             self.traffic(&pair)?;
             self.delete_pair(batch, &pair)
         };
@@ -740,11 +837,19 @@ impl<'a> Tier<'a> {
         // Nothing else releases it (no installer, no reconciler, no runtime call).
         std::thread::sleep(Duration::from_secs(5));
         let still = self.holding(&ghost.id);
+        // Its plan, leases and handles (the cache and lock files may be rewritten meanwhile).
+        let durable = |v: &[String]| -> Vec<String> {
+            v.iter()
+                .filter(|l| !l.starts_with("plexus: locks") && !l.starts_with("plexus: results"))
+                .cloned()
+                .collect()
+        };
         ensure!(
-            still == leaked,
-            "the leak changed before CRI-O's restart: {still:?}"
+            durable(&still) == durable(&leaked),
+            "the leak changed before CRI-O's restart: {leaked:?} -> {still:?}"
         );
         let restores_before = count_in(&log, "Error checking network");
+        let gcs_before = self.daemon_served("GC")?;
         let t = Instant::now();
         self.node.restart_runtime()?;
         wait_for(
@@ -766,6 +871,11 @@ impl<'a> Tier<'a> {
         // The only CNI call a runtime makes about a container it does not know is GC (the
         // hand-run ADD left no libcni cache entry for its GC to DEL): plexus' GC released it
         // and left its tombstone.
+        if self.mode == Mode::Daemon {
+            let n = self.daemon_served("GC")? - gcs_before;
+            ensure!(n >= 1.0, "the daemon served {n} GCs over CRI-O's restart");
+            println!("    the daemon served {n} GC over CRI-O's restart");
+        }
         let tombstone = self
             .node
             .plexus_dir()
@@ -864,7 +974,8 @@ impl Ghost {
         let steps = NodeMounts::default()
             .redirect("/var/lib/cni", tier.node.host_path("/var/lib/cni"))
             .prepare()?;
-        let mut cmd = Command::new(tier.node.bin_dir().join("plexus"));
+        let plugin = conf["type"].as_str().context("the plugin's type")?;
+        let mut cmd = Command::new(tier.node.bin_dir().join(plugin));
         cmd.env("CNI_COMMAND", "ADD")
             .env("CNI_CONTAINERID", &self.id)
             .env("CNI_NETNS", format!("/run/netns/{}", self.netns))
