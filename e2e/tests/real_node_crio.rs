@@ -1,8 +1,9 @@
 //! CRI-O tier: a real kubelet v1.36 in front of **CRI-O 1.36** (`../shared/runtimes`, Debian's
 //! runc and conmon; `plexus_e2e::realk8s::node::crio`) registered with a real kube-apiserver,
 //! the cluster network real flannel, then real calico (`plexus_e2e::realk8s::overlay`), and
-//! plexus installed the way the DaemonSet does it (`deploy/install.sh` with the DaemonSet's
-//! command and environment; thin mode).
+//! plexus installed the way the DaemonSets do it (`deploy/install.sh` with the DaemonSet's
+//! command and environment): thin mode on both overlays, daemon mode (`plexus-shim` +
+//! `plexus-daemon`, its /metrics counting what it served) on calico.
 //!
 //! On each overlay: the Node reports `cri-o://1.36.x` and goes Ready; two pods with a bridge
 //! NAD and a macvlan NAD ping each other on eth0, net1 and net2 (and the node); a hostPort
@@ -12,7 +13,16 @@
 //! same); and CRI-O's start-up GC (plexus' config at cniVersion 1.1.0): a restart keeps every
 //! live pod's attachments and reclaims those of a sandbox CRI-O does not know (a plexus ADD
 //! run by hand for a pod of another node: its plan and leases). With the 1.1.0 config CRI-O
-//! also sends CHECK after every ADD (counted in plexus' log).
+//! also sends CHECK after every ADD (counted in its log). On calico (thin), the conflist
+//! declared 1.0.0 makes that CHECK reach Debian's `bandwidth` 1.1.1, which panics: the sandbox
+//! fails with an error naming the pod, the network and the plugin, and nothing leaks.
+//!
+//! What differs from containerd, seen here: CRI-O validates a CNI config's plugins when it
+//! loads it (the overlay's binaries must be in place before it starts); it sends CHECK after
+//! every ADD and when it restores its sandboxes at start-up (Debian's bridge 1.1.1 fails CHECK
+//! once its bridge's MAC moved: "Could not restore sandbox IP"), with the config current at
+//! that moment; it runs GC at start-up with its sandboxes as the valid list; libcni 1.2 picks
+//! 1.1.0 from install.sh's `cniVersions`.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
 //! `cargo test -p plexus-e2e --test real_node_crio -- NAME` runs the cases whose name contains
