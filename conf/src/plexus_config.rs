@@ -195,8 +195,8 @@ fn default_pod_timeout() -> u64 {
 impl PlexusConfig {
     /// A conflist file as the node holds it (`{"plugins": [{"type": "plexus", …}]}`, which
     /// `plexus explain --config` is given) becomes the plugin config the runtime would pass: the
-    /// plexus (or multus) plugin with the list's `name` and `cniVersion`. Anything else is
-    /// returned as it is.
+    /// plexus plugin (type `plexus`, daemon mode's `plexus-shim`, or `multus`) with the list's
+    /// `name` and `cniVersion`. Anything else is returned as it is.
     fn plugin_of_list(value: Value) -> Value {
         let Value::Object(top) = &value else {
             return value;
@@ -208,7 +208,7 @@ impl PlexusConfig {
             ps.iter().find(|p| {
                 matches!(
                     p.get("type").and_then(Value::as_str),
-                    Some("plexus" | "multus")
+                    Some("plexus" | "plexus-shim" | "multus")
                 )
             })
         });
@@ -332,5 +332,12 @@ mod tests {
         assert_eq!(c.cluster_network, "/etc/cni/net.d/10-flannel.conflist");
         // A list without a plexus plugin is not a plexus config.
         assert!(PlexusConfig::parse(br#"{"plugins":[{"type":"bridge"}]}"#).is_err());
+        // Daemon mode's list (install.sh writes one for every primary: it carries cniVersions).
+        let shim = br#"{"cniVersion":"0.3.1","cniVersions":["0.3.1","1.1.0"],"name":"plexus-cni-network",
+            "plugins":[{"type":"plexus-shim","daemonSocket":"/run/plexus/plexus.sock",
+            "clusterNetwork":"/etc/cni/net.d/10-flannel.conflist"}]}"#;
+        let c = PlexusConfig::parse(shim).unwrap();
+        assert_eq!(c.plugin_type, "plexus-shim");
+        assert_eq!(c.cluster_network, "/etc/cni/net.d/10-flannel.conflist");
     }
 }
