@@ -100,6 +100,7 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --uninstall-settle SECONDS  wait for calls in flight after each config change  [10]
 With --watch, thin mode's node reconciler runs every PLEXUS_RECONCILE_INTERVAL seconds [60] (0: never):
 `plexus-daemon reconcile` from the src dir over the published config (docs/daemon.md).
+The thin DaemonSet sets it to 0 and runs the reconciler in its own `reconcile` container.
 Kubernetes API address: KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT and optionally
 KUBERNETES_SERVICE_PROTOCOL (https).
 EOF
@@ -711,6 +712,9 @@ fi
 # Thin mode's node reconciler (docs/daemon.md): no runtime sends GC, so every
 # RECONCILE_INTERVAL seconds (the first watch pass too) one bounded pass releases the plans of
 # sandboxes the runtime no longer lists. A daemon-mode config is left to the daemon.
+# For install.sh run on a host directly: the thin DaemonSet sets PLEXUS_RECONCILE_INTERVAL=0
+# here (this container has neither the runtime's socket nor write access to the state) and runs
+# the loop in its privileged `reconcile` container instead (plexus-daemon reconcile --every).
 LAST_RECONCILE=0
 reconcile_due() {
 	[ "$RECONCILE_INTERVAL" -gt 0 ] && [ -x "$SRC_DIR/plexus-daemon" ] && [ -n "${PUBLISHED_PATH:-}" ] ||

@@ -1,9 +1,12 @@
 //! Node tier, the node reconciler (issue 36 item 5): containerd never sends CNI GC, so state
 //! of a sandbox the runtime lost without a DEL stays unless plexus reclaims it itself. A real
 //! kubelet and containerd (the node rig), flannel as the cluster network, plexus thin installed
-//! by `deploy/install.sh` with the thin DaemonSet's command, whose watch loop runs
-//! `plexus-daemon reconcile` (here every 5 s, `reconcileGraceSeconds` 10, `runtimeEndpoint`
-//! the node's containerd socket).
+//! by `deploy/install.sh` with the thin DaemonSet's command (`reconcileGraceSeconds` 10,
+//! `runtimeEndpoint` the node's containerd socket). Thin mode's reconciler, on containerd 2.3:
+//! the thin DaemonSet's `reconcile` container, its command line as the manifest has it with
+//! the container's paths mapped to the node's dirs and `--every 60` made 5 (the manifest's
+//! installer has `PLEXUS_RECONCILE_INTERVAL=0`, so its pass does not run); on containerd 1.6:
+//! install.sh's own watch-loop pass every 5 s (install.sh run directly on a host).
 //!
 //! Cases:
 //! - a leaked sandbox, thin and daemon mode (fails without the reconciler: nothing else removes
@@ -132,6 +135,8 @@ struct Tier<'a> {
     api: Api,
     bridges: Vec<String>,
     installer: Option<Proc>,
+    /// The thin DaemonSet's `reconcile` container, as a process of the node.
+    reconciler: Option<Proc>,
     daemon: Option<PlexusDaemon>,
     token: String,
     netns: Vec<String>,
@@ -156,6 +161,7 @@ impl<'a> Tier<'a> {
             api: Api::new(&cp.admin_kubeconfig())?,
             bridges,
             installer: None,
+            reconciler: None,
             daemon: None,
             token: String::new(),
             netns: Vec::new(),
@@ -194,6 +200,9 @@ impl<'a> Tier<'a> {
         self.delete_all_pods();
         if let Some(mut i) = self.installer.take() {
             i.stop(Duration::from_secs(10));
+        }
+        if let Some(mut r) = self.reconciler.take() {
+            r.stop(Duration::from_secs(10));
         }
         if let Some(d) = self.daemon.take() {
             d.stop();
@@ -268,18 +277,51 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
+    /// Whether thin mode's reconciler is the DaemonSet's `reconcile` container (containerd 2.3)
+    /// rather than install.sh's own pass (1.6, install.sh run on a host).
+    fn reconcile_container(&self) -> bool {
+        self.line == Containerd::V2
+    }
+
+    /// The log of whatever runs the reconciler now.
+    fn reconciler_log(&self) -> &'static str {
+        if self.daemon.is_some() {
+            "daemon.log"
+        } else if self.reconciler.is_some() {
+            "reconcile.log"
+        } else {
+            "installer.log"
+        }
+    }
+
     /// install.sh as `daemonset`'s install container runs it (SIGTERM to the one running), with
-    /// this tier's config: the reconciler every 5 s, grace 10 s, this node's containerd socket.
+    /// this tier's config: grace 10 s, this node's containerd socket. Thin mode with the
+    /// `reconcile` container: the manifest's installer env must turn its own pass off, and the
+    /// container's command runs once the config is published; otherwise install.sh's pass runs
+    /// every 5 s.
     fn run_installer(&mut self, daemonset: &str, daemon: bool) -> Result<()> {
         if let Some(mut old) = self.installer.take() {
             old.stop(Duration::from_secs(10));
         }
         let cp = self.cp;
+        let container = !daemon && self.reconcile_container();
         let node = &self.on.node;
         let mut install = InstallSh::from_daemonset(cp, daemonset, "install-plexus")?;
-        install
-            .env
-            .push(("PLEXUS_RECONCILE_INTERVAL".into(), INTERVAL_S.to_string()));
+        if container {
+            let v = install
+                .env
+                .iter()
+                .rfind(|(k, _)| k == "PLEXUS_RECONCILE_INTERVAL")
+                .map(|(_, v)| v.as_str());
+            ensure!(
+                v == Some("0"),
+                "{daemonset}'s installer does not turn its reconciler pass off (PLEXUS_RECONCILE_INTERVAL {v:?})"
+            );
+        } else {
+            install
+                .env
+                .push(("PLEXUS_RECONCILE_INTERVAL".into(), INTERVAL_S.to_string()));
+        }
         let mut cfg = install.extra.clone();
         if daemon {
             cfg["daemonSocket"] = json!(self.socket());
@@ -294,6 +336,30 @@ impl<'a> Tier<'a> {
         cfg["runtimeEndpoint"] = json!(node.path("containerd/containerd.sock"));
         cfg["reconcileGraceSeconds"] = json!(GRACE_S);
         cfg["logLevel"] = json!("info");
+        if container && self.reconciler.is_none() {
+            // Started with the installer, as the pod's containers are: it waits for the config.
+            let (args, env) = reconcile_command(cp, daemonset, node)?;
+            println!("    reconcile container's command on the node: plexus-daemon {args:?}");
+            let log = node.path("reconcile.log");
+            self.reconciler = Some(Proc::spawn_with(
+                "reconcile",
+                &common::bin("plexus-daemon"),
+                &args,
+                &log,
+                |cmd| {
+                    cmd.envs(env);
+                },
+            )?);
+            wait_for(
+                "the reconcile loop's start",
+                Duration::from_secs(20),
+                || {
+                    Ok(std::fs::read_to_string(&log)
+                        .is_ok_and(|l| l.contains("node reconciler loop started")))
+                },
+            )
+            .with_context(|| plexus_e2e::realk8s::tail(&log, 20))?;
+        }
         let ready = InstallSh::ready_file(node);
         let _ = std::fs::remove_file(&ready);
         let mut binaries = vec![
@@ -310,7 +376,30 @@ impl<'a> Tier<'a> {
             Duration::from_secs(120),
             || Ok(ready.exists()),
         )
-        .with_context(|| plexus_e2e::realk8s::tail(&node.path("installer.log"), 20))
+        .with_context(|| plexus_e2e::realk8s::tail(&node.path("installer.log"), 20))?;
+        Ok(())
+    }
+
+    /// SIGTERM to the `reconcile` container's process (the thin DaemonSet replaced): it must
+    /// end at once (not at the SIGKILL 10 s later) and say so.
+    fn stop_reconcile_container(&mut self) -> Result<()> {
+        let Some(mut r) = self.reconciler.take() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        r.stop(Duration::from_secs(10));
+        let took = t0.elapsed();
+        let log = std::fs::read_to_string(self.on.node.path("reconcile.log"))?;
+        println!(
+            "    reconcile loop ended {:.2} s after SIGTERM",
+            took.as_secs_f64()
+        );
+        ensure!(
+            took < Duration::from_secs(3) && log.contains("node reconciler loop stopped (signal)"),
+            "the reconcile loop did not end on SIGTERM ({:.1} s)",
+            took.as_secs_f64()
+        );
+        Ok(())
     }
 
     fn socket(&self) -> PathBuf {
@@ -320,6 +409,8 @@ impl<'a> Tier<'a> {
     /// Daemon mode: plexus-daemon as the node's process (its reconciler every 60 s, the
     /// default), then the daemon DaemonSet's installer; a probe pod served through it.
     fn switch_to_daemon(&mut self) -> Result<()> {
+        // The daemon DaemonSet replaces the thin one (deploy/README.md), its reconcile container too.
+        self.stop_reconcile_container()?;
         let node = &self.on.node;
         self.cp
             .apply_deploy(&["rbac-daemon.yaml", "plexus-daemon-daemonset.yaml"])?;
@@ -388,11 +479,12 @@ impl<'a> Tier<'a> {
 
     /// Wait until nothing of `id` is left; the time it took.
     fn wait_reclaimed(&self, id: &str) -> Result<Duration> {
-        let (log_file, within) = if self.daemon.is_some() {
+        let log_file = self.reconciler_log();
+        let within = if self.daemon.is_some() {
             // The daemon's first pass 10 s after its start, then one per minute.
-            ("daemon.log", Duration::from_secs(150))
+            Duration::from_secs(150)
         } else {
-            ("installer.log", RECLAIM_WITHIN)
+            RECLAIM_WITHIN
         };
         let t0 = Instant::now();
         wait_for("the reconciler to reclaim the sandbox", within, || {
@@ -412,6 +504,14 @@ impl<'a> Tier<'a> {
             ),
             "the reconciler did not log the reclaim of {id} in {log_file}"
         );
+        if log_file == "reconcile.log" {
+            // The installer's own pass is off in the DaemonSet: the container did it.
+            let installer = std::fs::read_to_string(self.on.node.path("installer.log"))?;
+            ensure!(
+                !installer.contains("reclaimed a sandbox"),
+                "the installer ran a reconciler pass although its DaemonSet turns it off"
+            );
+        }
         Ok(t0.elapsed())
     }
 
@@ -494,7 +594,11 @@ impl<'a> Tier<'a> {
         println!(
             "    reclaimed in {:.1} s after the pod's deletion by the {} (grace {GRACE_S} s, interval {} s); left after: {:?}; interfaces in its netns: {:?}",
             took.as_secs_f64(),
-            if self.daemon.is_some() { "daemon" } else { "installer's pass" },
+            match self.reconciler_log() {
+                "daemon.log" => "daemon",
+                "reconcile.log" => "DaemonSet's reconcile container",
+                _ => "installer's pass",
+            },
             if self.daemon.is_some() { 60 } else { INTERVAL_S },
             self.state_of(&id),
             ifaces_after.keys().collect::<Vec<_>>()
@@ -574,7 +678,7 @@ impl<'a> Tier<'a> {
                 || Ok(self.state_of(&orphan).is_empty()),
             )
             .with_context(|| format!("left of {orphan}: {:?}", self.state_of(&orphan)))?;
-            let log = std::fs::read_to_string(node.path("installer.log"))?;
+            let log = std::fs::read_to_string(node.path(self.reconciler_log()))?;
             ensure!(
                 runtime_dels(node, &orphan) > 0 && !log.contains(&orphan),
                 "the orphan was not DELed by the runtime (runtime DELs {}, reconciler log mentions it: {})",
@@ -682,4 +786,125 @@ fn containerd_pid(config: &Path) -> Result<u32> {
         }
     }
     bail!("no containerd runs with --config {want}")
+}
+
+/// A container's env: (name, value).
+type ContainerEnv = Vec<(String, String)>;
+
+/// The thin DaemonSet's `reconcile` container's command line as `daemonset` has it on the API
+/// server, for a process of `node`: the image's `plexus-daemon` is the test build's, every path
+/// argument under one of the container's mounts becomes that volume's host path as the node
+/// has it (`/opt/cni/bin`, `/etc/cni/net.d`: the node's dirs; `/`: the host's root, so
+/// `--host-root` is no chroot), and `--every` becomes [`INTERVAL_S`]. An error when the
+/// container lacks what a pass needs (privileged; the runtime's socket dir /run, /var/lib/cni,
+/// the plugin and config dirs, the host root). With it: the container's env (plain values).
+fn reconcile_command(
+    cp: &ControlPlane,
+    daemonset: &str,
+    node: &plexus_e2e::realk8s::node::Node<'_>,
+) -> Result<(Vec<String>, ContainerEnv)> {
+    let ds: Value = serde_json::from_str(&cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "daemonset",
+        daemonset,
+        "-o",
+        "json",
+    ])?)?;
+    let spec = &ds["spec"]["template"]["spec"];
+    let c = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "reconcile")
+        .with_context(|| format!("{daemonset} has no reconcile container"))?;
+    ensure!(
+        c["securityContext"]["privileged"] == json!(true),
+        "the reconcile container is not privileged: {}",
+        c["securityContext"]
+    );
+    let host_of = |volume: &str| -> Option<String> {
+        spec["volumes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == volume)?["hostPath"]["path"]
+            .as_str()
+            .map(str::to_string)
+    };
+    // mountPath -> host path.
+    let mut mounts: Vec<(String, String)> = Vec::new();
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let (Some(at), Some(vol)) = (m["mountPath"].as_str(), m["name"].as_str()) else {
+            continue;
+        };
+        let host = host_of(vol).with_context(|| format!("mount {at}: not a hostPath volume"))?;
+        mounts.push((at.to_string(), host));
+    }
+    for (at, host) in [
+        ("/run", "/run"),
+        ("/var/lib/cni", "/var/lib/cni"),
+        ("/opt/cni/bin", "/opt/cni/bin"),
+        ("/etc/cni/net.d", "/etc/cni/net.d"),
+        ("/hostroot", "/"),
+    ] {
+        ensure!(
+            mounts.iter().any(|(a, h)| a == at && h == host),
+            "the reconcile container does not mount the host's {host} at {at}: {mounts:?}"
+        );
+    }
+    let on_node = |host: &str| -> Result<PathBuf> {
+        Ok(match host {
+            "/opt/cni/bin" => node.bin_dir(),
+            "/etc/cni/net.d" => node.conf_dir(),
+            "/" => PathBuf::from("/"),
+            other => bail!("no node dir for the host's {other}"),
+        })
+    };
+    let command: Vec<String> = c["command"]
+        .as_array()
+        .context("the reconcile container has no command")?
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    ensure!(
+        command.first().map(String::as_str) == Some("/usr/src/plexus/bin/plexus-daemon")
+            && command.get(1).map(String::as_str) == Some("reconcile"),
+        "{command:?}"
+    );
+    let mut args = Vec::new();
+    let mut every = false;
+    for a in &command[1..] {
+        if std::mem::replace(&mut every, a == "--every") {
+            args.push(INTERVAL_S.to_string());
+            continue;
+        }
+        let under = mounts
+            .iter()
+            .filter_map(|(at, host)| {
+                let rest = Path::new(a).strip_prefix(at).ok()?;
+                Some((at.len(), host, rest.to_path_buf()))
+            })
+            .max_by_key(|(n, _, _)| *n);
+        match under {
+            Some((_, host, rest)) => args.push(on_node(host)?.join(rest).display().to_string()),
+            None => args.push(a.clone()),
+        }
+    }
+    ensure!(
+        command.iter().any(|a| a == "--every"),
+        "the reconcile container runs one pass, not a loop: {command:?}"
+    );
+    let env = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    Ok((args, env))
 }
