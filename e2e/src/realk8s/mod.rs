@@ -92,6 +92,9 @@ pub struct ControlPlane {
     dir: tempfile::TempDir,
 }
 
+/// The file in a control plane's directory naming the test process that owns it.
+pub(crate) const OWNER_FILE: &str = "owner-pid";
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -118,6 +121,9 @@ impl ControlPlane {
                 .tempdir_in(dir.path())?
         };
         let d = |p: &str| dir.path().join(p);
+        // Whose it is: a node's sweep of killed runs keeps the directory of a live test process
+        // even while its apiserver is stopped (a case that stops it).
+        std::fs::write(d(OWNER_FILE), std::process::id().to_string())?;
 
         let ca = Ca::new()?;
         let serving = ca.serving()?;

@@ -66,7 +66,11 @@ pub(super) fn sweep_dead_runs(own: &Path) {
     remove_dead_runs_links();
     for d in dirs_with_prefix(&tmp, "plexus-k8s-") {
         let s = d.display().to_string();
-        if !procs.iter().any(|p| p.args.iter().any(|a| a.contains(&s))) {
+        let owner_alive = std::fs::read_to_string(d.join(super::super::OWNER_FILE))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .is_some_and(alive);
+        if !owner_alive && !procs.iter().any(|p| p.args.iter().any(|a| a.contains(&s))) {
             let _ = std::fs::remove_dir_all(&d);
         }
     }
