@@ -333,7 +333,8 @@ mod tests {
         // A list without a plexus plugin is not a plexus config.
         assert!(PlexusConfig::parse(br#"{"plugins":[{"type":"bridge"}]}"#).is_err());
         // Daemon mode's list (install.sh writes one for every primary: it carries cniVersions).
-        let shim = br#"{"cniVersion":"0.3.1","cniVersions":["0.3.1","1.1.0"],"name":"plexus-cni-network",
+        let shim =
+            br#"{"cniVersion":"0.3.1","cniVersions":["0.3.1","1.1.0"],"name":"plexus-cni-network",
             "plugins":[{"type":"plexus-shim","daemonSocket":"/run/plexus/plexus.sock",
             "clusterNetwork":"/etc/cni/net.d/10-flannel.conflist"}]}"#;
         let c = PlexusConfig::parse(shim).unwrap();

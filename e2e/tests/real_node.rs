@@ -1217,6 +1217,7 @@ impl<'a> Tier<'a> {
             &[
                 ("plexus", common::bin("plexus")),
                 ("sriov", common::bin("sriov")),
+                ("plexus-daemon", common::bin("plexus-daemon")),
             ],
         )?;
         self.node.import_image(&tar)?;
@@ -1246,9 +1247,16 @@ impl<'a> Tier<'a> {
                 Some("/opt/cni/bin") => self.node.bin_dir(),
                 Some("/etc/cni/net.d") => self.node.conf_dir(),
                 Some("/var/lib/cni/plexus") => self.node.plexus_dir(),
+                // The `reconcile` container's: empty test dirs. No runtime socket is under
+                // them, so its passes release nothing here (real_node_gc runs its command
+                // against a node's containerd); this case shows it starts and stops cleanly.
+                Some("/var/lib/cni") => self.node.path("ds-var-lib-cni"),
+                Some("/run") => self.node.path("ds-run"),
+                Some("/") => self.node.path("ds-hostroot"),
                 Some("/run/netns") | None => continue,
                 Some(other) => anyhow::bail!("unexpected hostPath {other} in the DaemonSet"),
             };
+            std::fs::create_dir_all(&host)?;
             v["hostPath"]["path"] = json!(host);
         }
         let c = &mut spec["containers"][0];
@@ -1303,6 +1311,18 @@ impl<'a> Tier<'a> {
         });
         let ready = ready.and_then(|()| {
             wait_for(
+                "the reconcile container's loop",
+                Duration::from_secs(30),
+                || {
+                    Ok(self
+                        .node
+                        .container_log("kube-system", "kube-plexus-ds-node")
+                        .contains("node reconciler loop started"))
+                },
+            )
+        });
+        let ready = ready.and_then(|()| {
+            wait_for(
                 "the installer's watch loop",
                 Duration::from_secs(90),
                 || {
@@ -1353,7 +1373,8 @@ impl<'a> Tier<'a> {
         // Delete it (a rollout): SIGTERM, exit 0, nothing removed. The kubelet removes the pod's
         // logs with the pod: keep what was last seen.
         self.api.delete_pod("kube-system", "kube-plexus-ds-node")?;
-        let (mut last_log, mut exit) = (String::new(), Value::Null);
+        let (mut last_log, mut exit, mut reconcile_exit) =
+            (String::new(), Value::Null, Value::Null);
         wait_for("the DaemonSet pod gone", Duration::from_secs(60), || {
             let log = self
                 .node
@@ -1363,9 +1384,20 @@ impl<'a> Tier<'a> {
             }
             match self.api.get_pod("kube-system", "kube-plexus-ds-node")? {
                 Some(p) => {
-                    let t = &p["status"]["containerStatuses"][0]["state"]["terminated"];
-                    if !t.is_null() {
-                        exit = t["exitCode"].clone();
+                    for c in p["status"]["containerStatuses"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                    {
+                        let t = &c["state"]["terminated"];
+                        if t.is_null() {
+                            continue;
+                        }
+                        if c["name"] == "install-plexus" {
+                            exit = t["exitCode"].clone();
+                        } else if c["name"] == "reconcile" {
+                            reconcile_exit = t["exitCode"].clone();
+                        }
                     }
                     Ok(false)
                 }
@@ -1379,6 +1411,10 @@ impl<'a> Tier<'a> {
         ensure!(
             last_log.contains("the config stays in place") && exit == 0,
             "no clean SIGTERM exit (exit code {exit}):\n{last_log}"
+        );
+        ensure!(
+            last_log.contains("node reconciler loop stopped (signal)") && reconcile_exit == 0,
+            "the reconcile container did not exit 0 on SIGTERM (exit code {reconcile_exit})"
         );
         ensure!(self.plexus_conf().exists());
         // The kubeconfig now holds the deleted pod's bound token, which the apiserver refuses

@@ -155,9 +155,26 @@ pub(super) fn ensure_run_netns_mounted() -> Result<()> {
     Ok(())
 }
 
-/// Unmount (lazily, deepest first) every mount under `dir`.
+/// Unmount (lazily, deepest first) every mount under `dir`. Each is made private first: the
+/// node's directory is a shared mount, and a CRI-O node binds the host's `/run/netns` (a
+/// shared peer) inside it, so an unmount there would propagate to the host's `/run/netns` and
+/// take other tests' network namespaces with it.
 pub(super) fn unmount_under(dir: &Path) {
     let prefix = dir.display().to_string();
+    let mut ours: Vec<String> = mount_points()
+        .into_iter()
+        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+        .collect();
+    ours.sort_by_key(|m| m.len());
+    for m in &ours {
+        let _ = nix::mount::mount(
+            None::<&str>,
+            m.as_str(),
+            None::<&str>,
+            nix::mount::MsFlags::MS_PRIVATE,
+            None::<&str>,
+        );
+    }
     // Several passes: mounts can be stacked on one path.
     for _ in 0..5 {
         let mut mounts: Vec<String> = mount_points()
