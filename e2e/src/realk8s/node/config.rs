@@ -68,23 +68,8 @@ nodeStatusUpdateFrequency: 2s
 /// 2.3 migrates it to its version 4 in memory. NRI (on by default in 2.x, a socket in
 /// /var/run/nri) is off and CDI reads no host directory: a node writes only under `base`.
 pub fn containerd_config(base: &Path, bin_dir: &Path, conf_dir: &Path) -> String {
-    let p = |s: &str| base.join(s).display().to_string();
     format!(
-        r#"version = 3
-imports = []
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-[plugins."io.containerd.grpc.v1.cri"]
+        r#"{head}[plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 [plugins."io.containerd.cri.v1.images"]
@@ -108,11 +93,8 @@ state = "{state}"
 [plugins."io.containerd.nri.v1.nri"]
   disable = true
 "#,
-        root = p("root"),
-        state = p("state"),
-        sock = p("containerd.sock"),
-        opt = p("opt"),
-        runc_root = p("runc"),
+        head = head("version = 3\nimports = []", base),
+        runc_root = base.join("runc").display(),
         bin = bin_dir.display(),
         conf = conf_dir.display(),
     )
@@ -121,22 +103,8 @@ state = "{state}"
 /// containerd 1.6's `config.toml` (version 2), the compatibility tier's; same layout as
 /// [`containerd_config`].
 pub fn containerd_1_6_config(base: &Path, bin_dir: &Path, conf_dir: &Path) -> String {
-    let p = |s: &str| base.join(s).display().to_string();
     format!(
-        r#"version = 2
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-[plugins."io.containerd.grpc.v1.cri"]
+        r#"{head}[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
   enable_selinux = false
@@ -154,12 +122,62 @@ default_runtime_name = "runc"
 bin_dir = "{bin}"
 conf_dir = "{conf}"
 "#,
+        head = head("version = 2", base),
+        runc_root = base.join("runc").display(),
+        bin = bin_dir.display(),
+        conf = conf_dir.display(),
+    )
+}
+
+/// The part every containerd config version shares: `version_lines`, then root, state, the
+/// gRPC and ttrpc sockets under `base`, no debug or metrics listener, the opt directory.
+fn head(version_lines: &str, base: &Path) -> String {
+    let p = |s: &str| base.join(s).display().to_string();
+    format!(
+        r#"{version_lines}
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+"#,
         root = p("root"),
         state = p("state"),
         sock = p("containerd.sock"),
         opt = p("opt"),
-        runc_root = p("runc"),
-        bin = bin_dir.display(),
-        conf = conf_dir.display(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_containerd_configs_keep_every_path_under_the_node() {
+        let (base, bin, conf) = (Path::new("/n/c"), Path::new("/n/bin"), Path::new("/n/conf"));
+        let v3 = containerd_config(base, bin, conf);
+        assert!(v3.starts_with("version = 3\nimports = []\nroot = \"/n/c/root\"\n"));
+        assert!(v3.contains("bin_dirs = [\"/n/bin\"]") && v3.contains("Root = \"/n/c/runc\""));
+        assert!(v3.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true"));
+        let v2 = containerd_1_6_config(base, bin, conf);
+        assert!(v2.starts_with("version = 2\nroot = \"/n/c/root\"\n"));
+        assert!(
+            v2.contains("bin_dir = \"/n/bin\"")
+                && v2.contains("address = \"/n/c/containerd.sock.ttrpc\"")
+        );
+        for c in [&v3, &v2] {
+            let outside: Vec<&str> = c
+                .split('"')
+                .filter(|s| s.starts_with('/') && !s.starts_with("/n/"))
+                .collect();
+            assert!(outside.is_empty(), "{outside:?}");
+        }
+    }
 }
