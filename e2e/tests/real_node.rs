@@ -26,6 +26,9 @@
 #[path = "real_node/api.rs"]
 mod api;
 mod common;
+#[allow(dead_code)]
+#[path = "real_node/leftovers.rs"]
+mod leftovers;
 #[path = "real_node/pods.rs"]
 mod pods;
 
@@ -47,6 +50,7 @@ use plexus_e2e::realk8s::{control_plane_or_skip, setup_or_report, ControlPlane, 
 use serde_json::{json, Value};
 
 use api::Api;
+use leftovers::{wait_clean, Seen};
 use pods::*;
 
 /// A check that sends packets across running pods, given each one's (name, netns), and returns
@@ -220,10 +224,8 @@ struct Tier<'a> {
     /// The NADs' bridges (and the multus case's), the macvlan master.
     bridges: Vec<String>,
     master: String,
-    /// Every sandbox ID seen (for the libcni cache check).
-    sandboxes: std::cell::RefCell<Vec<String>>,
-    /// Every pod netns path seen.
-    netns_seen: std::cell::RefCell<Vec<String>>,
+    /// Every sandbox ID (for the libcni cache check) and pod netns path seen.
+    seen: std::cell::RefCell<Seen>,
 }
 
 fn repo(p: &str) -> PathBuf {
@@ -277,8 +279,7 @@ impl<'a> Tier<'a> {
             overlay,
             bridges,
             master,
-            sandboxes: Default::default(),
-            netns_seen: Default::default(),
+            seen: Default::default(),
         })
     }
 
@@ -367,7 +368,7 @@ impl<'a> Tier<'a> {
         ensure!(self.node.bin_dir().join("plexus").is_file());
         wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
         let (sb, netns) = self.pod_netns(NS, "probe")?;
-        self.sandboxes.borrow_mut().push(sb);
+        self.seen.borrow_mut().sandboxes.push(sb);
         delete_and_wait(
             &self.api,
             NS,
@@ -441,67 +442,23 @@ impl<'a> Tier<'a> {
 
     /// (sandbox ID, netns path) of a running pod.
     fn pod_netns(&self, ns: &str, name: &str) -> Result<(String, String)> {
-        let pod = self.api.get_pod(ns, name)?.context("pod gone")?;
-        let uid = pod["metadata"]["uid"].as_str().context("uid")?;
-        let (sb, netns) = self.node.pod_sandbox(uid)?;
-        self.netns_seen.borrow_mut().push(netns.clone());
-        Ok((sb, netns))
+        self.seen
+            .borrow_mut()
+            .pod_netns(&self.api, &self.node, ns, name)
     }
 
     /// What the node still holds that belongs to deleted pods: plexus plans and result-cache
     /// files, host-local leases, `cni-*` netns, host veths on the test bridges, libcni cache
     /// entries of seen sandboxes. Call when no test pod exists.
     fn leftovers(&self) -> Vec<String> {
-        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
-            .into_iter()
-            .map(|f| format!("plexus: {f}"))
-            .collect();
-        v.extend(
-            common::files_under(&self.node.ipam_dir())
-                .into_iter()
-                .map(|f| format!("lease: {f}")),
-        );
-        // This tier's pods' namespaces only (another kubelet may run on the machine).
-        v.extend(
-            self.netns_seen
-                .borrow()
-                .iter()
-                .filter(|n| Path::new(n).exists())
-                .map(|n| format!("netns: {n}")),
-        );
-        for br in self.overlay.bridge().iter().chain(self.bridges.iter()) {
-            let out = common::ip(&["-j", "link", "show", "master", br]);
-            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
-            for l in links.as_array().into_iter().flatten() {
-                v.push(format!("veth on {br}: {}", l["ifname"]));
-            }
-        }
-        v.extend(
-            self.overlay
-                .leftovers(self.cp, &self.node, &self.sandboxes.borrow()),
-        );
-        if let Ok(rd) = std::fs::read_dir(self.node.host_path("/var/lib/cni/results")) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if self
-                    .sandboxes
-                    .borrow()
-                    .iter()
-                    .any(|s| n.contains(s.as_str()))
-                {
-                    v.push(format!("libcni cache: {n}"));
-                }
-            }
-        }
-        v
+        self.seen
+            .borrow()
+            .leftovers(self.cp, &self.node, &self.overlay, &self.bridges)
     }
 
     /// Wait (10 s) until [`Tier::leftovers`] is empty.
     fn wait_clean(&self) -> Result<()> {
-        let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
-            Ok(self.leftovers().is_empty())
-        });
-        r.with_context(|| format!("left: {:?}", self.leftovers()))
+        wait_clean(Duration::from_secs(10), || self.leftovers())
     }
 
     /// Create pods, wait Running, check each with `check`, delete, wait gone, check clean.
@@ -535,7 +492,7 @@ impl<'a> Tier<'a> {
         let mut failed = None;
         for (name, _) in pods {
             let (sb, ns) = self.pod_netns(NS, name)?;
-            self.sandboxes.borrow_mut().push(sb);
+            self.seen.borrow_mut().sandboxes.push(sb);
             let pod = self.api.get_pod(NS, name)?.context("pod")?;
             if failed.is_none() {
                 failed = network_status(&pod)
@@ -670,7 +627,7 @@ impl<'a> Tier<'a> {
         create_and_wait(&self.api, &[m], Duration::from_secs(60))
             .with_context(|| self.node.logs(10))?;
         let (sb, netns) = self.pod_netns(NS, "hostport")?;
-        self.sandboxes.borrow_mut().push(sb);
+        self.seen.borrow_mut().sandboxes.push(sb);
         let checked = (|| {
             let pod = self.api.get_pod(NS, "hostport")?.context("pod")?;
             check_pod_network(
@@ -916,7 +873,7 @@ impl<'a> Tier<'a> {
             (Ok(()), None) => Err(anyhow::anyhow!("pod {name}: no outcome")),
             (Ok(()), Some(Ok(pod))) => (|| {
                 let (sb, netns) = self.pod_netns(NS, &name)?;
-                self.sandboxes.borrow_mut().push(sb);
+                self.seen.borrow_mut().sandboxes.push(sb);
                 check_pod_network(
                     &network_status(&pod)?,
                     &netns,
@@ -1074,7 +1031,7 @@ impl<'a> Tier<'a> {
         ] {
             let (sb, ns) = self.pod_netns(NS, name)?;
             sandboxes.push(sb.clone());
-            self.sandboxes.borrow_mut().push(sb);
+            self.seen.borrow_mut().sandboxes.push(sb);
             let pod = self.api.get_pod(NS, name)?.context("pod")?;
             check_pod_network(&network_status(&pod)?, &ns, expected)
                 .with_context(|| format!("pod {name}"))?;
@@ -1184,7 +1141,7 @@ impl<'a> Tier<'a> {
             kubelet_pod_relists(&kubelet_log).saturating_sub(relists)
         );
         let (sb, ns) = self.pod_netns(NS, "down-probe")?;
-        self.sandboxes.borrow_mut().push(sb);
+        self.seen.borrow_mut().sandboxes.push(sb);
         delete_and_wait(
             &self.api,
             NS,

@@ -31,6 +31,9 @@ mod api;
 #[path = "real_node/churn.rs"]
 mod churn;
 mod common;
+#[allow(dead_code)]
+#[path = "real_node/leftovers.rs"]
+mod leftovers;
 #[path = "real_node/multus_thick.rs"]
 mod multus_thick;
 #[allow(dead_code)]
@@ -56,6 +59,7 @@ use serde_json::{json, Value};
 
 use api::Api;
 use churn::{Churn, Form, Outcome, Spec, Verdict};
+use leftovers::{wait_clean, Seen};
 use multus_thick::MultusThick;
 use pods::{median, wait_until_plexus_is_in_the_path};
 
@@ -221,8 +225,7 @@ struct Tier<'a> {
     metrics_port: u16,
     token: String,
     /// Every sandbox ID and netns the churns saw (leak checks).
-    seen: Vec<String>,
-    seen_netns: Vec<String>,
+    seen: Seen,
     rows: Vec<Row>,
     /// Leftovers a peer's row already counted.
     counted: std::collections::BTreeSet<String>,
@@ -253,8 +256,7 @@ impl<'a> Tier<'a> {
             daemon: None,
             metrics_port: free_port()?,
             token: String::new(),
-            seen: Vec::new(),
-            seen_netns: Vec::new(),
+            seen: Seen::default(),
             rows: Vec::new(),
             counted: Default::default(),
         })
@@ -329,8 +331,8 @@ impl<'a> Tier<'a> {
         let (sb, netns) = self
             .node
             .pod_sandbox(probe["metadata"]["uid"].as_str().context("uid")?)?;
-        self.seen.push(sb);
-        self.seen_netns.push(netns.clone());
+        self.seen.sandboxes.push(sb);
+        self.seen.netns.push(netns.clone());
         pods::delete_and_wait(
             &self.api,
             NS,
@@ -740,8 +742,8 @@ impl<'a> Tier<'a> {
         let secs = t0.elapsed().as_secs_f64();
         std::thread::sleep(AFTER);
         let out = churn.finish()?;
-        self.seen.extend(out.sandboxes.iter().cloned());
-        self.seen_netns.extend(out.netns.iter().cloned());
+        self.seen.sandboxes.extend(out.sandboxes.iter().cloned());
+        self.seen.netns.extend(out.netns.iter().cloned());
         r.with_context(|| format!("the operation ({})", self.node.logs(10)))?;
         println!(
             "    {label}: {} pods created, {} correct, {} wrong network, {} failed, {} sandbox retries, create→Running median {:.0} ms; operation {secs:.1} s",
@@ -769,46 +771,13 @@ impl<'a> Tier<'a> {
     /// Plans and result files, leases, netns, veths on the bridges, the overlay's per-pod
     /// state, libcni cache entries.
     fn leftovers(&self) -> Vec<String> {
-        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
-            .into_iter()
-            .map(|f| format!("plexus: {f}"))
-            .collect();
-        v.extend(
-            common::files_under(&self.node.ipam_dir())
-                .into_iter()
-                .map(|f| format!("lease: {f}")),
-        );
-        v.extend(
-            self.seen_netns
-                .iter()
-                .filter(|n| Path::new(n).exists())
-                .map(|n| format!("netns: {n}")),
-        );
-        for br in self.overlay.bridge().iter().chain(&self.bridges) {
-            let out = common::ip(&["-j", "link", "show", "master", br]);
-            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
-            for l in links.as_array().into_iter().flatten() {
-                v.push(format!("veth on {br}: {}", l["ifname"]));
-            }
-        }
-        v.extend(self.overlay.leftovers(self.cp, &self.node, &self.seen));
-        if let Ok(rd) = std::fs::read_dir(self.node.host_path("/var/lib/cni/results")) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if self.seen.iter().any(|s| n.contains(s.as_str())) {
-                    v.push(format!("libcni cache: {n}"));
-                }
-            }
-        }
-        v
+        self.seen
+            .leftovers(self.cp, &self.node, &self.overlay, &self.bridges)
     }
 
     /// Wait (15 s) until nothing is left.
     fn wait_clean(&self) -> Result<()> {
-        wait_for("nothing left on the node", Duration::from_secs(15), || {
-            Ok(self.leftovers().is_empty())
-        })
-        .with_context(|| format!("left: {:?}", self.leftovers()))
+        wait_clean(Duration::from_secs(15), || self.leftovers())
     }
 
     fn print_table(&self) {

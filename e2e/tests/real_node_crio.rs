@@ -33,6 +33,9 @@
 mod api;
 mod common;
 #[allow(dead_code)]
+#[path = "real_node/leftovers.rs"]
+mod leftovers;
+#[allow(dead_code)]
 #[path = "real_node/pods.rs"]
 mod pods;
 
@@ -56,6 +59,7 @@ use plexus_e2e::realk8s::{
 use serde_json::{json, Value};
 
 use api::Api;
+use leftovers::{wait_clean, Seen};
 use pods::*;
 
 /// Namespace of the test pods and NADs.
@@ -165,10 +169,8 @@ struct Tier<'a> {
     /// The bridge NAD's bridge, the macvlan NAD's master (a veth of the test's own).
     bridge: String,
     master: String,
-    /// Every sandbox ID seen (libcni cache and iptables checks).
-    sandboxes: std::cell::RefCell<Vec<String>>,
-    /// Every pod netns path seen.
-    netns_seen: std::cell::RefCell<Vec<String>>,
+    /// Every sandbox ID (libcni cache and iptables checks) and pod netns path seen.
+    seen: std::cell::RefCell<Seen>,
 }
 
 /// A short unique link name (at most 15 bytes), swept by a later run if this one is killed.
@@ -215,8 +217,7 @@ impl<'a> Tier<'a> {
             overlay,
             bridge,
             master,
-            sandboxes: Default::default(),
-            netns_seen: Default::default(),
+            seen: Default::default(),
         })
     }
 
@@ -236,8 +237,9 @@ impl<'a> Tier<'a> {
             eprintln!("real_node_crio: WARNING: mounts left under {dir}");
         }
         let left: Vec<&String> = self
-            .netns_seen
+            .seen
             .get_mut()
+            .netns
             .iter()
             .filter(|n| Path::new(n).exists())
             .collect();
@@ -338,7 +340,7 @@ impl<'a> Tier<'a> {
         wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())
             .with_context(|| self.node.logs(15))?;
         let (sb, netns) = self.pod_netns("probe")?;
-        self.sandboxes.borrow_mut().push(sb);
+        self.seen.borrow_mut().sandboxes.push(sb);
         delete_and_wait(
             &self.api,
             NS,
@@ -386,67 +388,25 @@ impl<'a> Tier<'a> {
 
     /// (sandbox ID, netns path) of a running pod.
     fn pod_netns(&self, name: &str) -> Result<(String, String)> {
-        let pod = self.api.get_pod(NS, name)?.context("pod gone")?;
-        let uid = pod["metadata"]["uid"].as_str().context("uid")?;
-        let (sb, netns) = self.node.pod_sandbox(uid)?;
-        self.netns_seen.borrow_mut().push(netns.clone());
-        Ok((sb, netns))
+        self.seen
+            .borrow_mut()
+            .pod_netns(&self.api, &self.node, NS, name)
     }
 
     /// What the node still holds of deleted pods: plexus plans and caches, host-local
     /// leases, netns, veths on the NAD's bridge, libcni cache entries, the overlay's state.
     fn leftovers(&self) -> Vec<String> {
-        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
-            .into_iter()
-            .map(|f| format!("plexus: {f}"))
-            .collect();
-        v.extend(
-            common::files_under(&self.node.ipam_dir())
-                .into_iter()
-                .map(|f| format!("lease: {f}")),
-        );
-        v.extend(
-            self.netns_seen
-                .borrow()
-                .iter()
-                .filter(|n| Path::new(n).exists())
-                .map(|n| format!("netns: {n}")),
-        );
-        for br in self.overlay.bridge().iter().chain([&self.bridge]) {
-            let out = common::ip(&["-j", "link", "show", "master", br]);
-            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
-            for l in links.as_array().into_iter().flatten() {
-                v.push(format!("veth on {br}: {}", l["ifname"]));
-            }
-        }
-        v.extend(
-            self.overlay
-                .leftovers(self.cp, &self.node, &self.sandboxes.borrow()),
-        );
-        for e in std::fs::read_dir(self.node.host_path("/var/lib/cni/results"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if self
-                .sandboxes
-                .borrow()
-                .iter()
-                .any(|s| n.contains(s.as_str()))
-            {
-                v.push(format!("libcni cache: {n}"));
-            }
-        }
-        v
+        self.seen.borrow().leftovers(
+            self.cp,
+            &self.node,
+            &self.overlay,
+            std::slice::from_ref(&self.bridge),
+        )
     }
 
     /// Wait (10 s) until [`Tier::leftovers`] is empty.
     fn wait_clean(&self) -> Result<()> {
-        wait_for("nothing left on the node", Duration::from_secs(10), || {
-            Ok(self.leftovers().is_empty())
-        })
-        .with_context(|| format!("left: {:?}", self.leftovers()))
+        wait_clean(Duration::from_secs(10), || self.leftovers())
     }
 
     /// Two pods `<batch>-a`, `<batch>-b` with `br-a` and `mv-c`, Running; each one's network
@@ -462,7 +422,7 @@ impl<'a> Tier<'a> {
         let mut out = Vec::new();
         for n in &names {
             let (sb, netns) = self.pod_netns(n)?;
-            self.sandboxes.borrow_mut().push(sb);
+            self.seen.borrow_mut().sandboxes.push(sb);
             let pod = self.api.get_pod(NS, n)?.context("pod")?;
             check_pod_network(
                 &network_status(&pod)?,
@@ -586,7 +546,7 @@ impl<'a> Tier<'a> {
         )
         .with_context(|| self.node.logs(15))?;
         let (sb, netns) = self.pod_netns("hostport")?;
-        self.sandboxes.borrow_mut().push(sb);
+        self.seen.borrow_mut().sandboxes.push(sb);
         let checked = (|| {
             let pod = self.api.get_pod(NS, "hostport")?.context("pod")?;
             check_pod_network(
@@ -744,7 +704,7 @@ impl<'a> Tier<'a> {
         if outcome == "running" {
             println!("    the pod runs: no CHECK failure over the 1.0.0 conflist");
             let (sb, netns) = self.pod_netns(name)?;
-            self.sandboxes.borrow_mut().push(sb);
+            self.seen.borrow_mut().sandboxes.push(sb);
             delete_and_wait(
                 &self.api,
                 NS,

@@ -30,6 +30,9 @@
 mod api;
 mod common;
 #[allow(dead_code)]
+#[path = "real_node/leftovers.rs"]
+mod leftovers;
+#[allow(dead_code)]
 #[path = "real_node/pods.rs"]
 mod pods;
 
@@ -55,6 +58,7 @@ use plexus_e2e::realk8s::{
 use serde_json::{json, Value};
 
 use api::Api;
+use leftovers::{wait_clean, Seen};
 use pods::{
     address, answering_from_the_node, create_and_wait, delete_and_wait, dnat_rules,
     ensure_no_hostport_left, hostport_manifest, ifb_links, manifest, median, network_status, pings,
@@ -232,10 +236,8 @@ struct Tier<'a> {
     pods: Vec<Placed>,
     /// Pods' eth0 addresses that must stop answering once every pod is deleted.
     addresses: Vec<String>,
-    /// Every sandbox ID seen (leak checks after their pods are gone).
-    seen: Vec<String>,
-    /// Every pod netns path seen.
-    seen_netns: Vec<String>,
+    /// Every sandbox ID and pod netns path seen (leak checks after their pods are gone).
+    seen: Seen,
 }
 
 impl<'a> Tier<'a> {
@@ -267,8 +269,7 @@ impl<'a> Tier<'a> {
             bridges,
             pods: Vec::new(),
             addresses: Vec::new(),
-            seen: Vec::new(),
-            seen_netns: Vec::new(),
+            seen: Seen::default(),
         })
     }
 
@@ -408,11 +409,7 @@ impl<'a> Tier<'a> {
     /// Record the sandbox and netns of running pods of `batch`.
     fn place(&mut self, batch: &str, names: &[String]) -> Result<()> {
         for name in names {
-            let pod = self.api.get_pod(NS, name)?.context("pod gone")?;
-            let uid = pod["metadata"]["uid"].as_str().context("uid")?;
-            let (sandbox, netns) = self.node.pod_sandbox(uid)?;
-            self.seen.push(sandbox.clone());
-            self.seen_netns.push(netns.clone());
+            let (_, netns) = self.seen.pod(&self.api, &self.node, NS, name)?;
             self.pods.push(Placed {
                 batch: batch.into(),
                 name: name.clone(),
@@ -541,10 +538,7 @@ impl<'a> Tier<'a> {
             self.pods.len()
         );
         self.pods.clear();
-        let r = wait_for("nothing left on the node", Duration::from_secs(10), || {
-            Ok(self.leftovers().is_empty())
-        });
-        r.with_context(|| format!("left: {:?}", self.leftovers()))?;
+        wait_clean(Duration::from_secs(10), || self.leftovers())?;
         let answering = answering_from_the_node(&std::mem::take(&mut self.addresses));
         ensure!(
             answering.is_empty(),
@@ -789,10 +783,7 @@ impl<'a> Tier<'a> {
         // The netns files are gone; the kernel frees a namespace (and calico's host veth and
         // /32 route with it) from a work queue, which on a loaded 2-core machine was seen to
         // take over 30 s: wait longer than that before calling a route a leak.
-        let r = wait_for("nothing left on the node", Duration::from_secs(90), || {
-            Ok(self.leftovers().is_empty())
-        });
-        r.with_context(|| format!("left: {:?}", self.leftovers()))
+        wait_clean(Duration::from_secs(90), || self.leftovers())
     }
 
     /// The daemon DaemonSet's pod, as the DaemonSet controller would create it on this node:
@@ -989,38 +980,7 @@ impl<'a> Tier<'a> {
 
     /// Plans and result files, leases, `cni-*` netns, veths on the bridges, libcni cache.
     fn leftovers(&self) -> Vec<String> {
-        let mut v: Vec<String> = common::files_under(&self.node.plexus_dir())
-            .into_iter()
-            .map(|f| format!("plexus: {f}"))
-            .collect();
-        v.extend(
-            common::files_under(&self.node.ipam_dir())
-                .into_iter()
-                .map(|f| format!("lease: {f}")),
-        );
-        // This tier's pods' namespaces only (another kubelet may run on the machine).
-        v.extend(
-            self.seen_netns
-                .iter()
-                .filter(|n| Path::new(n).exists())
-                .map(|n| format!("netns: {n}")),
-        );
-        for br in self.overlay.bridge().iter().chain(&self.bridges) {
-            let out = common::ip(&["-j", "link", "show", "master", br]);
-            let links: Value = serde_json::from_str(&out).unwrap_or(json!([]));
-            for l in links.as_array().into_iter().flatten() {
-                v.push(format!("veth on {br}: {}", l["ifname"]));
-            }
-        }
-        v.extend(self.overlay.leftovers(self.cp, &self.node, &self.seen));
-        if let Ok(rd) = std::fs::read_dir(self.node.host_path("/var/lib/cni/results")) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if self.seen.iter().any(|s| n.contains(s.as_str())) {
-                    v.push(format!("libcni cache: {n}"));
-                }
-            }
-        }
-        v
+        self.seen
+            .leftovers(self.cp, &self.node, &self.overlay, &self.bridges)
     }
 }
