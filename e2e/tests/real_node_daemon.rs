@@ -409,7 +409,8 @@ impl<'a> Tier<'a> {
     /// Record the sandbox and netns of running pods of `batch`.
     fn place(&mut self, batch: &str, names: &[String]) -> Result<()> {
         for name in names {
-            let (_, netns) = self.seen.pod(&self.api, &self.node, NS, name)?;
+            let (sandbox, netns) = self.seen.pod_netns(&self.api, &self.node, NS, name)?;
+            self.seen.sandboxes.push(sandbox);
             self.pods.push(Placed {
                 batch: batch.into(),
                 name: name.clone(),

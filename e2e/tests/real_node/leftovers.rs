@@ -40,19 +40,6 @@ impl Seen {
         Ok((sb, netns))
     }
 
-    /// [`Seen::pod_netns`], its sandbox recorded too.
-    pub fn pod(
-        &mut self,
-        api: &Api,
-        node: &Node<'_>,
-        ns: &str,
-        name: &str,
-    ) -> Result<(String, String)> {
-        let (sb, netns) = self.pod_netns(api, node, ns, name)?;
-        self.sandboxes.push(sb.clone());
-        Ok((sb, netns))
-    }
-
     /// What `node` still holds of the seen pods: plexus plans and result-cache files,
     /// host-local leases, their netns, host veths on the overlay's bridge and on `bridges`,
     /// the overlay's per-pod state ([`Overlay::leftovers`]), libcni cache entries. Call when no
