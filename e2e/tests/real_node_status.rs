@@ -15,6 +15,13 @@
 //! conflist gone, the readiness indicator file gone, the cluster network's own STATUS failing):
 //! NotReady with plexus' message naming its network and the cause, then Ready once fixed.
 //!
+//! Then the same on a flannel node on CRI-O 1.36 (thin mode, compact): CRI-O calls STATUS once
+//! at its start-up and never again with its default config (none when install.sh publishes the
+//! config, none in the 12 s after a restart); with `cni_status_grace_period` set it polls STATUS
+//! every 5 s (counted and timed as above, no API request), and a plugin of the cluster network
+//! gone turns the Node NotReady with plexus' message once the grace period has run out, Ready
+//! after the fix.
+//!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
 //! `cargo test -p plexus-e2e --test real_node_status -- NAME` runs the cases whose name holds
 //! NAME (after the install cases they need).
@@ -28,13 +35,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use plexus_e2e::realk8s::node::wait_for;
+use plexus_e2e::realk8s::node::{use_runtime, wait_for};
 use plexus_e2e::realk8s::node_rig::{DaemonOpts, InstallSh, OverlayNode, PlexusDaemon};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
-use plexus_e2e::realk8s::runtimes::Containerd;
+use plexus_e2e::realk8s::runtimes::{Containerd, Runtime};
 use plexus_e2e::realk8s::{
-    control_plane_or_skip, free_port, setup_or_report, ControlPlane, Proc, Suite,
+    control_plane_or_skip, free_port, setup_or_report, CliArgs, ControlPlane, Proc, Suite,
 };
 use serde_json::{json, Value};
 
@@ -43,6 +50,12 @@ const PLEXUS_USER: &str = "system:serviceaccount:kube-system:plexus";
 
 /// How long each measurement window lasts.
 const WINDOW: Duration = Duration::from_secs(30);
+
+/// How long the CRI-O pass' measurement window lasts (CRI-O polls every 5 s).
+const CRIO_WINDOW: Duration = Duration::from_secs(20);
+
+/// The CRI-O pass' `cni_status_grace_period`.
+const CRIO_GRACE: Duration = Duration::from_secs(10);
 
 /// How long the kubelet may take to report a change of NetworkReady (it asks the runtime every
 /// 5 s and posts the Node every 2 s here).
@@ -57,20 +70,67 @@ fn main() -> ExitCode {
     let Some(_rig) = setup_or_report("real_node_status", &cp, rig) else {
         return ExitCode::FAILURE;
     };
-    let Some(mut tier) = setup_or_report("real_node_status", &cp, Tier::start(&cp)) else {
-        return ExitCode::FAILURE;
-    };
-    let watch = ReadyWatch::start(&cp, tier.node.node.name());
-    run_cases(&mut suite, &mut tier, &watch);
-    let samples = watch.stop();
-    println!(
-        "    Node Ready sampled {} times over the run, {} of them NotReady (each transient case \
-         asserts none in its own span)",
-        samples.len(),
-        samples.iter().filter(|s| !s.ready).count()
-    );
-    tier.stop();
+    let containerd = Runtime::Containerd(Containerd::V2);
+    // A pass runs when the name filter may select one of its cases (no containerd case's name
+    // holds "crio").
+    let args = CliArgs::from_env();
+    let passes = [
+        (
+            containerd,
+            !args.filter.as_deref().is_some_and(|f| f.contains("crio")),
+        ),
+        (Runtime::Crio, CRIO_CASES.iter().any(|c| args.selects(c))),
+    ];
+    for runtime in passes.into_iter().filter(|p| p.1).map(|p| p.0) {
+        use_runtime(runtime);
+        let started = Tier::start(&cp, runtime);
+        let Some(mut tier) = setup_or_report("real_node_status", &cp, started) else {
+            use_runtime(containerd);
+            return ExitCode::FAILURE;
+        };
+        let watch = ReadyWatch::start(&cp, tier.node.node.name());
+        if runtime == Runtime::Crio {
+            run_crio_cases(&mut suite, &mut tier, &watch);
+        } else {
+            run_cases(&mut suite, &mut tier, &watch);
+        }
+        let samples = watch.stop();
+        println!(
+            "    {}: Node Ready sampled {} times, {} of them NotReady (each case asserts what it \
+             expects in its own span)",
+            tier.runtime_label,
+            samples.len(),
+            samples.iter().filter(|s| !s.ready).count()
+        );
+        tier.stop();
+    }
+    use_runtime(containerd);
     suite.finish()
+}
+
+/// The CRI-O pass' cases, in order.
+const CRIO_CASES: [&str; 3] = [
+    "crio/install_sh_offers_1_1_0_and_crio_calls_status_at_start_up_only",
+    "crio/cni_status_grace_period_set_status_polled_counted_and_timed_with_no_api_request",
+    "crio/a_plugin_of_the_cluster_network_gone_is_not_ready_after_the_grace_period_then_ready",
+];
+
+/// CRI-O 1.36 (thin mode on flannel): STATUS at start-up only by default; polled with
+/// `cni_status_grace_period` set, and a real cause NotReady after the grace period.
+fn run_crio_cases(suite: &mut Suite, tier: &mut Tier<'_>, watch: &ReadyWatch) {
+    let started = tier.crio_start_up(watch);
+    let ok = started.is_ok();
+    suite.case(CRIO_CASES[0], || started);
+    if !ok {
+        return;
+    }
+    let polled = tier.crio_continuous(watch);
+    let ok = polled.is_ok();
+    suite.case(CRIO_CASES[1], || polled);
+    if !ok {
+        return;
+    }
+    suite.case(CRIO_CASES[2], || tier.plugin_gone(watch));
 }
 
 fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, watch: &ReadyWatch) {
@@ -317,25 +377,35 @@ struct Tier<'a> {
     metrics_port: u16,
     /// The mode's binaries installed (thin: plexus; daemon: plexus-shim too).
     daemon_mode: bool,
+    /// Who calls STATUS, for the figures (`containerd 2.3`, `CRI-O 1.36`).
+    runtime_label: &'static str,
 }
 
 impl<'a> Tier<'a> {
-    fn start(cp: &'a ControlPlane) -> Result<Tier<'a>> {
-        let node = OverlayNode::start(
-            cp,
-            Kind::Flannel,
-            236,
-            &link("f"),
-            "plexus-node-status",
-            &[],
-        )?;
-        let line = node.node.containerd_line();
+    /// A flannel node on `runtime` (as [`use_runtime`] selected it).
+    fn start(cp: &'a ControlPlane, runtime: Runtime) -> Result<Tier<'a>> {
+        let crio = runtime == Runtime::Crio;
+        let (octet, tag, name) = if crio {
+            (234, "c", "plexus-node-status-crio")
+        } else {
+            (236, "f", "plexus-node-status")
+        };
+        let node = OverlayNode::start(cp, Kind::Flannel, octet, &link(tag), name, &[])?;
         ensure!(
-            line == Containerd::V2,
-            "STATUS needs containerd >= 2.0.1; this node runs {}",
-            line.label()
+            node.node.runtime() == runtime,
+            "the node runs {:?}, not {runtime:?}",
+            node.node.runtime()
         );
+        if !crio {
+            let line = node.node.containerd_line();
+            ensure!(
+                line == Containerd::V2,
+                "STATUS needs containerd >= 2.0.1; this node runs {}",
+                line.label()
+            );
+        }
         Ok(Tier {
+            runtime_label: if crio { "CRI-O 1.36" } else { "containerd 2.3" },
             cp,
             node,
             installer: None,
@@ -436,11 +506,11 @@ impl<'a> Tier<'a> {
 
     // ------------------------------------------------------------------------------ install
 
-    fn install_thin(&mut self, watch: &ReadyWatch) -> Result<()> {
+    /// The thin DaemonSet's installer run; its config checked.
+    fn install_thin_config(&mut self) -> Result<()> {
         let cp = self.cp;
         cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
         let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
-        let t0 = Instant::now();
         self.run_installer(
             install,
             &[
@@ -450,12 +520,18 @@ impl<'a> Tier<'a> {
         )?;
         let conf: Value = serde_json::from_slice(&std::fs::read(self.conf())?)?;
         // flannel's conflist says 0.3.1: plexus' config keeps it for an older libcni and offers
-        // 1.1.0, which containerd 2.3 (libcni 1.3) picks.
+        // 1.1.0, which containerd 2.3 (libcni 1.3) and CRI-O 1.36 (libcni 1.2) pick.
         ensure!(
             conf["cniVersion"] == "0.3.1" && conf["cniVersions"] == json!(["0.3.1", "1.1.0"]),
             "{conf}"
         );
         ensure!(conf["plugins"][0]["type"] == "plexus", "{conf}");
+        Ok(())
+    }
+
+    fn install_thin(&mut self, watch: &ReadyWatch) -> Result<()> {
+        let t0 = Instant::now();
+        self.install_thin_config()?;
         // containerd calls plexus' STATUS: the first lines in its log.
         let log = self.plexus_log();
         wait_for("a STATUS call in plexus' log", NODE_REPORTS, || {
@@ -470,6 +546,81 @@ impl<'a> Tier<'a> {
             t0.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+
+    /// CRI-O: install.sh's config in place (CRI-O reloads its conf dir), STATUS calls counted;
+    /// CRI-O restarted: STATUS at its start-up, then none for 12 s (continuous monitoring off
+    /// by default, as its log says).
+    fn crio_start_up(&mut self, watch: &ReadyWatch) -> Result<()> {
+        let t0 = Instant::now();
+        self.install_thin_config()?;
+        let log = self.plexus_log();
+        std::thread::sleep(Duration::from_secs(6));
+        let on_install = status_lines(&log, 0).0;
+        let n = watch.ready_throughout(t0, "the install")?;
+        let crio_log = self.node.node.path("crio.log");
+        let crio_from = file_len(&crio_log);
+        let from = file_len(&log);
+        let t1 = Instant::now();
+        self.node.node.restart_runtime()?;
+        wait_for(
+            "a STATUS call at CRI-O's start-up",
+            Duration::from_secs(30),
+            || Ok(status_lines(&log, from).0 > 0),
+        )
+        .with_context(|| plexus_e2e::realk8s::tail(&crio_log, 20))?;
+        let first = t1.elapsed().as_secs_f64();
+        watch.wait_for(true, &[], NODE_REPORTS)?;
+        let flaps = watch.since(t1).iter().filter(|s| !s.ready).count();
+        let at_start = status_lines(&log, from).0;
+        let quiet_from = file_len(&log);
+        std::thread::sleep(Duration::from_secs(12));
+        let later = status_lines(&log, quiet_from).0;
+        let crio_text = log_from(&crio_log, crio_from);
+        ensure!(
+            crio_text.contains("Continuous CNI STATUS monitoring is disabled"),
+            "CRI-O's log does not say continuous STATUS monitoring is off: {}",
+            plexus_e2e::realk8s::tail(&crio_log, 20)
+        );
+        ensure!(
+            later == 0,
+            "CRI-O called STATUS {later} times in the 12 s after its start-up with continuous \
+             monitoring off"
+        );
+        println!(
+            "    config {}: cniVersions [0.3.1, 1.1.0]; {on_install} STATUS calls in the 6 s after \
+             install.sh published it (Node Ready at all {n} samples); CRI-O restarted: first \
+             STATUS {first:.1} s after, {at_start} at its start-up (\"CNI plugin is now healthy\" \
+             in its log: {}), then 0 in 12 s (\"Continuous CNI STATUS monitoring is disabled\"); \
+             {flaps} NotReady samples across the restart",
+            self.conf().display(),
+            crio_text.contains("CNI plugin is now healthy"),
+        );
+        Ok(())
+    }
+
+    /// CRI-O with `cni_status_grace_period` ([`CRIO_GRACE`]) set and restarted: STATUS polled,
+    /// counted and timed over [`CRIO_WINDOW`], no API request.
+    fn crio_continuous(&mut self, watch: &ReadyWatch) -> Result<()> {
+        self.node
+            .node
+            .crio_cni_status_grace_period(Some(CRIO_GRACE))?;
+        let crio_log = self.node.node.path("crio.log");
+        let crio_from = file_len(&crio_log);
+        self.node.node.restart_runtime()?;
+        watch.wait_for(true, &[], NODE_REPORTS)?;
+        let text = log_from(&crio_log, crio_from);
+        let enabled = text
+            .lines()
+            .find(|l| l.contains("Continuous CNI STATUS monitoring enabled"))
+            .with_context(|| {
+                format!(
+                    "CRI-O's log does not say continuous STATUS monitoring is on: {}",
+                    plexus_e2e::realk8s::tail(&crio_log, 20)
+                )
+            })?;
+        println!("    CRI-O: {}", enabled.trim());
+        self.measure_over("thin", CRIO_WINDOW, watch)
     }
 
     fn install_daemon(&mut self, watch: &ReadyWatch) -> Result<()> {
@@ -532,11 +683,16 @@ impl<'a> Tier<'a> {
     /// Count STATUS calls over [`WINDOW`] and their cost; no request of plexus' ServiceAccount
     /// may reach the apiserver meanwhile (daemon mode: no request but its watches').
     fn measure(&mut self, mode: &str, watch: &ReadyWatch) -> Result<()> {
+        self.measure_over(mode, WINDOW, watch)
+    }
+
+    /// [`Tier::measure`] over `window`.
+    fn measure_over(&mut self, mode: &str, window: Duration, watch: &ReadyWatch) -> Result<()> {
         let log = self.plexus_log();
         let from = file_len(&log);
         let audit_before = self.cp.audit().len();
         let t0 = Instant::now();
-        std::thread::sleep(WINDOW);
+        std::thread::sleep(window);
         let secs = t0.elapsed().as_secs_f64();
         let (calls, mut in_plexus) = status_lines(&log, from);
         let audit = self.cp.audit();
@@ -586,12 +742,13 @@ impl<'a> Tier<'a> {
         );
         println!(
             "    {mode}: {calls} STATUS calls in {secs:.0} s ({:.1}/min, one every {:.1} s) from \
-             containerd 2.3 + kubelet 1.36; in plexus {i50:.2} ms median, {i95:.2} ms p95; \
+             {} + kubelet 1.36; in plexus {i50:.2} ms median, {i95:.2} ms p95; \
              a whole call as libcni execs it ({}): {p50:.1} ms median, {p95:.1} ms p95 (50 \
              calls); API requests by {PLEXUS_USER}: 0 (the daemon's cache list/watch meanwhile: \
              {informer}); Node Ready at all {samples} samples",
             calls as f64 * 60.0 / secs,
             secs / calls as f64,
+            self.runtime_label,
             bin.file_name().unwrap_or_default().to_string_lossy()
         );
         Ok(())

@@ -58,6 +58,10 @@ fi
 exec {runc} "$@"
 "#;
 
+/// The drop-in turning on CRI-O's continuous CNI STATUS monitoring, relative to the node's
+/// directory ([`Node::crio_cni_status_grace_period`]).
+const CNI_STATUS_DROP_IN: &str = "crio/conf.d/50-cni-status.conf";
+
 /// The host directory of named network namespaces (`ip netns`).
 const RUN_NETNS: &str = "/run/netns";
 
@@ -120,6 +124,32 @@ impl Node<'_> {
         // Into the storage before crio runs: it then finds the pause image at start-up.
         self.skopeo_import(&bins, pause_tarball)?;
         self.start_crio()
+    }
+
+    /// CRI-O's continuous CNI STATUS monitoring (`cni_status_grace_period`, off by default:
+    /// CRI-O then calls STATUS at start-up only): `Some(grace)` writes a drop-in to the node's
+    /// `crio/conf.d` that turns it on (CRI-O polls STATUS every 5 s and reports NetworkReady=false
+    /// once it has failed for `grace`), `None` removes it. Read at CRI-O's next start
+    /// ([`Node::restart_runtime`]).
+    pub fn crio_cni_status_grace_period(&self, grace: Option<Duration>) -> Result<()> {
+        self.crio_bins()?;
+        let file = self.path(CNI_STATUS_DROP_IN);
+        match grace {
+            Some(g) => std::fs::write(
+                &file,
+                format!(
+                    "[crio.network]\ncni_status_grace_period = \"{}ms\"\n",
+                    g.as_millis()
+                ),
+            )
+            .with_context(|| format!("write {}", file.display())),
+            None => match std::fs::remove_file(&file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("remove {}", file.display()))
+                }
+                _ => Ok(()),
+            },
+        }
     }
 
     /// CRI-O's config file (see the module doc).
