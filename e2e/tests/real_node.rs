@@ -41,7 +41,7 @@ use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{cni_netns, use_containerd, wait_for, Node};
-use plexus_e2e::realk8s::node_rig::{selected_overlays, InstallSh, OverlayNode};
+use plexus_e2e::realk8s::node_rig::{selected_overlays, veth_pair, InstallSh, OverlayNode};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtime_log;
@@ -258,17 +258,7 @@ impl<'a> Tier<'a> {
             &links,
         )?;
         // The macvlan master: a veth pair of the test's own.
-        let ok = Command::new("ip")
-            .args(["link", "add", &master, "type", "veth", "peer", "name"])
-            .arg(format!("{master}p"))
-            .status()?
-            .success();
-        ensure!(ok, "ip link add {master}");
-        for l in [master.clone(), format!("{master}p")] {
-            Command::new("ip")
-                .args(["link", "set", &l, "up"])
-                .status()?;
-        }
+        veth_pair(&master)?;
         let api = Api::new(&cp.admin_kubeconfig())?;
         Ok(Tier {
             cp,
@@ -369,14 +359,7 @@ impl<'a> Tier<'a> {
         wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
         let (sb, netns) = self.pod_netns(NS, "probe")?;
         self.seen.borrow_mut().sandboxes.push(sb);
-        delete_and_wait(
-            &self.api,
-            NS,
-            "probe",
-            &["probe".to_string()],
-            &[netns],
-            Duration::from_secs(30),
-        )?;
+        delete_one(&self.api, NS, "probe", &netns, Duration::from_secs(30))?;
         self.wait_clean()?;
 
         // The NADs the cases use: two bridges and a macvlan on the test's veth.
@@ -566,16 +549,7 @@ impl<'a> Tier<'a> {
             };
             let both_ways = |a: &str, b: &str, ifname: &str| -> Result<()> {
                 let (na, nb) = (ns(a)?, ns(b)?);
-                let (ia, ib) = (address(na, ifname)?, address(nb, ifname)?);
-                ensure!(
-                    pings(Some(na), &ib),
-                    "{a} -> {b} over {ifname} ({ib}): no answer"
-                );
-                ensure!(
-                    pings(Some(nb), &ia),
-                    "{b} -> {a} over {ifname} ({ia}): no answer"
-                );
-                Ok(())
+                ensure_pings_both_ways(a, na, b, nb, ifname)
             };
             both_ways("zero", "three-json", "eth0")?;
             ensure!(
@@ -641,14 +615,7 @@ impl<'a> Tier<'a> {
             // portmap's DNAT really works: the node's address and the hostPort reach a
             // listener on the containerPort inside the pod.
             let token = format!("plexus-hostport-{port}");
-            let server = NetnsServer::start(&netns, 8080, &token)?;
-            let got = tcp_answer(self.node.ip(), port);
-            let served = server.stop()?;
-            ensure!(
-                got.as_deref().ok() == Some(token.as_str()) && served == 1,
-                "{}:{port} -> the pod's 8080: {got:?}, {served} answered",
-                self.node.ip()
-            );
+            ensure_host_port_answers(&netns, self.node.ip(), port, &token)?;
             let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
             if self.overlay.has_bandwidth() {
                 ensure!(
@@ -697,21 +664,10 @@ impl<'a> Tier<'a> {
             }
             Ok(())
         })();
-        delete_and_wait(
-            &self.api,
-            NS,
-            "hostport",
-            &["hostport".to_string()],
-            &[netns],
-            Duration::from_secs(60),
-        )?;
+        delete_one(&self.api, NS, "hostport", &netns, Duration::from_secs(60))?;
         checked?;
         self.wait_clean()?;
-        ensure!(
-            tcp_answer(self.node.ip(), port).is_err(),
-            "hostPort {port} still answers after the pod is gone"
-        );
-        ensure_no_hostport_left(port, &ifb_before)
+        ensure_host_port_gone(self.node.ip(), port, &ifb_before)
     }
 
     /// Version mixes, with the installed plexus binary run as the runtime would: plexus' config

@@ -48,7 +48,7 @@ use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+    daemon_run_dir, selected_overlays, stop_tier, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
@@ -92,12 +92,12 @@ fn main() -> ExitCode {
         };
         run_cases(&mut suite, &mut tier, full);
         tier.print_table();
-        tier.daemon.take();
-        tier.installer.take();
-        tier.overlay.stop();
-        tier.node.stop();
-        let _ = std::fs::remove_file(tier.socket());
-        let _ = std::fs::remove_dir(tier.run_dir());
+        stop_tier(
+            tier.daemon.take(),
+            tier.installer.take(),
+            &mut tier.overlay,
+            &mut tier.node,
+        );
         drop(tier);
     }
     suite.finish()
@@ -263,7 +263,7 @@ impl<'a> Tier<'a> {
     }
 
     fn run_dir(&self) -> PathBuf {
-        PathBuf::from(format!("/run/plexus-e2e-{}", self.node.name()))
+        daemon_run_dir(&self.node)
     }
 
     fn socket(&self) -> PathBuf {

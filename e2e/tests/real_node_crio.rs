@@ -48,7 +48,7 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::mount_ns::NodeMounts;
 use plexus_e2e::realk8s::node::{use_runtime, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+    selected_overlays, veth_pair, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
@@ -195,17 +195,7 @@ impl<'a> Tier<'a> {
             &format!("plexus-crio-{}-{}", kind.name(), k),
             &links,
         )?;
-        let ok = Command::new("ip")
-            .args(["link", "add", &master, "type", "veth", "peer", "name"])
-            .arg(format!("{master}p"))
-            .status()?
-            .success();
-        ensure!(ok, "ip link add {master}");
-        for l in [master.clone(), format!("{master}p")] {
-            Command::new("ip")
-                .args(["link", "set", &l, "up"])
-                .status()?;
-        }
+        veth_pair(&master)?;
         Ok(Tier {
             cp,
             mode,
@@ -341,14 +331,7 @@ impl<'a> Tier<'a> {
             .with_context(|| self.node.logs(15))?;
         let (sb, netns) = self.pod_netns("probe")?;
         self.seen.borrow_mut().sandboxes.push(sb);
-        delete_and_wait(
-            &self.api,
-            NS,
-            "probe",
-            &["probe".to_string()],
-            &[netns],
-            Duration::from_secs(30),
-        )?;
+        delete_one(&self.api, NS, "probe", &netns, Duration::from_secs(30))?;
         self.wait_clean()?;
         let nad = |name: &str, cfg: Value| -> Result<()> {
             let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
@@ -445,15 +428,7 @@ impl<'a> Tier<'a> {
             anyhow::bail!("two pods expected: {pair:?}");
         };
         for ifname in ["eth0", "net1", "net2"] {
-            let (ia, ib) = (address(na, ifname)?, address(nb, ifname)?);
-            ensure!(
-                pings(Some(na), &ib),
-                "{a} -> {b} over {ifname} ({ib}): no answer"
-            );
-            ensure!(
-                pings(Some(nb), &ia),
-                "{b} -> {a} over {ifname} ({ia}): no answer"
-            );
+            ensure_pings_both_ways(a, na, b, nb, ifname)?;
         }
         let node_ip = self.node.ip();
         ensure!(
@@ -555,14 +530,7 @@ impl<'a> Tier<'a> {
                 &[(self.net, "eth0"), ("app/br-a", "net1")],
             )?;
             let token = format!("plexus-crio-hostport-{port}");
-            let server = NetnsServer::start(&netns, 8080, &token)?;
-            let got = tcp_answer(self.node.ip(), port);
-            let served = server.stop()?;
-            ensure!(
-                got.as_deref().ok() == Some(token.as_str()) && served == 1,
-                "{}:{port} -> the pod's 8080: {got:?}, {served} answered",
-                self.node.ip()
-            );
+            ensure_host_port_answers(&netns, self.node.ip(), port, &token)?;
             let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
             if self.overlay.has_bandwidth() {
                 ensure!(
@@ -573,21 +541,10 @@ impl<'a> Tier<'a> {
             println!("    hostPort {port} answered from the pod; ifb {ifbs:?}");
             Ok(())
         })();
-        delete_and_wait(
-            &self.api,
-            NS,
-            "hostport",
-            &["hostport".to_string()],
-            &[netns],
-            Duration::from_secs(60),
-        )?;
+        delete_one(&self.api, NS, "hostport", &netns, Duration::from_secs(60))?;
         checked?;
         self.wait_clean()?;
-        ensure!(
-            tcp_answer(self.node.ip(), port).is_err(),
-            "hostPort {port} still answers after the pod is gone"
-        );
-        ensure_no_hostport_left(port, &ifb_before)
+        ensure_host_port_gone(self.node.ip(), port, &ifb_before)
     }
 
     /// Two pods with NADs, `restart` (CRI-O or the kubelet), then: the same sandboxes, still

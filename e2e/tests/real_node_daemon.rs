@@ -45,7 +45,8 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    scrape_metric, selected_overlays, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+    daemon_run_dir, scrape_metric, selected_overlays, stop_tier, DaemonOpts, InstallSh,
+    OverlayNode, PlexusDaemon,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
@@ -61,8 +62,8 @@ use api::Api;
 use leftovers::{wait_clean, Seen};
 use pods::{
     address, answering_from_the_node, create_and_wait, delete_and_wait, dnat_rules,
-    ensure_no_hostport_left, hostport_manifest, ifb_links, manifest, median, network_status, pings,
-    tcp_answer, wait_until_plexus_is_in_the_path, NetnsServer,
+    ensure_host_port_answers, ensure_host_port_gone, hostport_manifest, ifb_links, manifest,
+    median, network_status, pings, wait_until_plexus_is_in_the_path,
 };
 
 const NS: &str = "app";
@@ -77,42 +78,43 @@ fn main() -> ExitCode {
     let Some(_rig) = setup_or_report("real_node_daemon", &cp, rig) else {
         return ExitCode::FAILURE;
     };
-    for (kind, octet, full) in
-        selected_overlays(&[(Kind::Calico, 241, true), (Kind::Flannel, 245, false)])
-    {
-        let started = Tier::start(&cp, kind, octet);
-        let Some(mut tier) = setup_or_report("real_node_daemon", &cp, started) else {
-            return ExitCode::FAILURE;
-        };
-        run_cases(&mut suite, &mut tier, full);
-        tier.daemon.take();
-        tier.installer.take();
-        tier.overlay.stop();
-        tier.node.stop();
-        // Never a recursive removal under /run: only the socket and the empty directory.
-        let _ = std::fs::remove_file(tier.socket());
-        let _ = std::fs::remove_dir(tier.run_dir());
-        drop(tier);
+    let overlays = selected_overlays(&[(Kind::Calico, 241, true), (Kind::Flannel, 245, false)]);
+    if !each_node(&cp, &mut suite, &overlays, run_cases) {
+        return ExitCode::FAILURE;
     }
     // The compatibility tier: Debian's containerd 1.6, compact: daemon mode on calico here,
     // thin mode on flannel in real_node (the CI budget).
     use_containerd(Containerd::V1_6);
-    for (kind, octet, _) in selected_overlays(&[(Kind::Calico, 249, false)]) {
-        let started = Tier::start(&cp, kind, octet);
-        let Some(mut tier) = setup_or_report("real_node_daemon", &cp, started) else {
-            return ExitCode::FAILURE;
-        };
-        compat_cases(&mut suite, &mut tier);
-        tier.daemon.take();
-        tier.installer.take();
-        tier.overlay.stop();
-        tier.node.stop();
-        let _ = std::fs::remove_file(tier.socket());
-        let _ = std::fs::remove_dir(tier.run_dir());
-        drop(tier);
+    let compat = selected_overlays(&[(Kind::Calico, 249, false)]);
+    if !each_node(&cp, &mut suite, &compat, |s, t, _| compat_cases(s, t)) {
+        return ExitCode::FAILURE;
     }
     use_containerd(Containerd::V2);
     suite.finish()
+}
+
+/// For each of `overlays` (kind, pod-range octet, full case list): a node started, `cases` run
+/// on it, the node stopped ([`stop_tier`]); false (reported) when a node could not start.
+fn each_node(
+    cp: &ControlPlane,
+    suite: &mut Suite,
+    overlays: &[(Kind, u8, bool)],
+    cases: impl Fn(&mut Suite, &mut Tier<'_>, bool),
+) -> bool {
+    for &(kind, octet, full) in overlays {
+        let started = Tier::start(cp, kind, octet);
+        let Some(mut tier) = setup_or_report("real_node_daemon", cp, started) else {
+            return false;
+        };
+        cases(suite, &mut tier, full);
+        stop_tier(
+            tier.daemon.take(),
+            tier.installer.take(),
+            &mut tier.overlay,
+            &mut tier.node,
+        );
+    }
+    true
 }
 
 /// containerd 1.6's cases on one overlay: the daemon installed, pods served by it (every
@@ -275,7 +277,7 @@ impl<'a> Tier<'a> {
 
     /// The socket's directory: under the host's /run, which the daemon pod mounts (as deployed).
     fn run_dir(&self) -> PathBuf {
-        PathBuf::from(format!("/run/plexus-e2e-{}", self.node.name()))
+        daemon_run_dir(&self.node)
     }
 
     fn socket(&self) -> PathBuf {
@@ -649,14 +651,7 @@ impl<'a> Tier<'a> {
                 .map(|p| p.netns.clone())
                 .context("placed")?;
             let token = format!("plexus-hostport-{port}");
-            let server = NetnsServer::start(&netns, 8080, &token)?;
-            let got = tcp_answer(self.node.ip(), port);
-            let answered = server.stop()?;
-            ensure!(
-                got.as_deref().ok() == Some(token.as_str()) && answered == 1,
-                "{}:{port} -> the pod's 8080: {got:?}, {answered} answered",
-                self.node.ip()
-            );
+            ensure_host_port_answers(&netns, self.node.ip(), port, &token)?;
             if self.overlay.has_bandwidth() {
                 // The shaping, by packets: 10 Mbit/s asked out of the pod, the steady rate once
                 // the runtime's burst is through.
@@ -684,11 +679,7 @@ impl<'a> Tier<'a> {
         let deleted = self.delete_all();
         checked?;
         deleted?;
-        ensure!(
-            tcp_answer(self.node.ip(), port).is_err(),
-            "hostPort {port} still answers after the pod is gone"
-        );
-        ensure_no_hostport_left(port, &ifb_before)
+        ensure_host_port_gone(self.node.ip(), port, &ifb_before)
     }
 
     /// Two pods (1 and 3 extra networks) deleted, their teardown (the daemon's DEL) coming while

@@ -82,6 +82,47 @@ impl<'a> OverlayNode<'a> {
     }
 }
 
+/// A veth pair of the test's own, `name` and `<name>p`, both up (a macvlan NAD's master); list
+/// both among [`OverlayNode::start`]'s `links` so the node deletes them when it stops.
+pub fn veth_pair(name: &str) -> Result<()> {
+    let ok = std::process::Command::new("ip")
+        .args(["link", "add", name, "type", "veth", "peer", "name"])
+        .arg(format!("{name}p"))
+        .status()?
+        .success();
+    ensure!(ok, "ip link add {name}");
+    for l in [name.to_string(), format!("{name}p")] {
+        std::process::Command::new("ip")
+            .args(["link", "set", &l, "up"])
+            .status()?;
+    }
+    Ok(())
+}
+
+/// The directory under /run of a daemon-mode tier's `node` (its daemon's socket's):
+/// `/run/plexus-e2e-<node>`.
+pub fn daemon_run_dir(node: &Node<'_>) -> PathBuf {
+    PathBuf::from(format!("/run/plexus-e2e-{}", node.name()))
+}
+
+/// Stop a daemon-mode tier: `daemon` and `installer` (dropped), `overlay`, `node`; then
+/// the daemon's `plexus.sock` in [`daemon_run_dir`] and that directory if empty (never a
+/// recursive removal under /run).
+pub fn stop_tier(
+    daemon: Option<PlexusDaemon>,
+    installer: Option<Proc>,
+    overlay: &mut Overlay,
+    node: &mut Node<'_>,
+) {
+    drop(daemon);
+    drop(installer);
+    overlay.stop();
+    node.stop();
+    let dir = daemon_run_dir(node);
+    let _ = std::fs::remove_file(dir.join("plexus.sock"));
+    let _ = std::fs::remove_dir(dir);
+}
+
 /// The CNI plugins overlay `kind` installs (name in the bin dir, binary), found as
 /// [`Overlay::new`] finds them.
 fn overlay_plugins(kind: Kind) -> Result<Vec<(String, PathBuf)>> {

@@ -141,6 +141,12 @@ pub fn delete_and_wait(
     Ok(done.into_iter().flatten().collect())
 }
 
+/// [`delete_and_wait`] for the one pod `name` (its batch label the same), its netns `netns`.
+pub fn delete_one(api: &Api, ns: &str, name: &str, netns: &str, timeout: Duration) -> Result<()> {
+    let names = [name.to_string()];
+    delete_and_wait(api, ns, name, &names, &[netns.to_string()], timeout).map(drop)
+}
+
 /// Median of `v` (ms).
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
@@ -291,6 +297,47 @@ pub fn ensure_no_hostport_left(port: u16, ifb_before: &BTreeSet<String>) -> Resu
     ensure!(dnat.is_empty(), "DNAT rule left: {dnat:?}");
     let left: Vec<String> = ifb_links().difference(ifb_before).cloned().collect();
     ensure!(left.is_empty(), "ifb left: {left:?}");
+    Ok(())
+}
+
+/// While the hostPort pod (netns `netns`) runs: `node_ip:port` reaches a listener on its
+/// containerPort 8080, which answers `token` once.
+pub fn ensure_host_port_answers(netns: &str, node_ip: &str, port: u16, token: &str) -> Result<()> {
+    let server = NetnsServer::start(netns, 8080, token)?;
+    let got = tcp_answer(node_ip, port);
+    let served = server.stop()?;
+    ensure!(
+        got.as_deref().ok() == Some(token) && served == 1,
+        "{node_ip}:{port} -> the pod's 8080: {got:?}, {served} answered"
+    );
+    Ok(())
+}
+
+/// After the hostPort pod is gone: `node_ip:port` no longer answers, and
+/// [`ensure_no_hostport_left`].
+pub fn ensure_host_port_gone(
+    node_ip: &str,
+    port: u16,
+    ifb_before: &BTreeSet<String>,
+) -> Result<()> {
+    ensure!(
+        tcp_answer(node_ip, port).is_err(),
+        "hostPort {port} still answers after the pod is gone"
+    );
+    ensure_no_hostport_left(port, ifb_before)
+}
+
+/// Pod `a` (netns `na`) and pod `b` (netns `nb`) ping each other's `ifname` address.
+pub fn ensure_pings_both_ways(a: &str, na: &str, b: &str, nb: &str, ifname: &str) -> Result<()> {
+    let (ia, ib) = (address(na, ifname)?, address(nb, ifname)?);
+    ensure!(
+        pings(Some(na), &ib),
+        "{a} -> {b} over {ifname} ({ib}): no answer"
+    );
+    ensure!(
+        pings(Some(nb), &ia),
+        "{b} -> {a} over {ifname} ({ia}): no answer"
+    );
     Ok(())
 }
 
