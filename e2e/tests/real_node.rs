@@ -514,11 +514,7 @@ impl<'a> Tier<'a> {
             Duration::from_secs(60),
         )?;
         self.wait_clean()?;
-        let answering = answering_from_the_node(&gone_after);
-        ensure!(
-            answering.is_empty(),
-            "deleted pods' addresses still answer: {answering:?}"
-        );
+        ensure_no_address_answers(&gone_after)?;
         Ok((created, deleted))
     }
 
@@ -603,12 +599,7 @@ impl<'a> Tier<'a> {
         let (sb, netns) = self.pod_netns(NS, "hostport")?;
         self.seen.borrow_mut().sandboxes.push(sb);
         let checked = (|| {
-            let pod = self.api.get_pod(NS, "hostport")?.context("pod")?;
-            check_pod_network(
-                &network_status(&pod)?,
-                &netns,
-                &[(self.net, "eth0"), ("app/br-a", "net1")],
-            )?;
+            check_hostport_pod_network(&self.api, NS, &netns, self.net)?;
             let dnat = dnat_rules(port);
             ensure!(!dnat.is_empty(), "no DNAT rule for hostPort {port}");
             println!("    hostPort {port}: {}", dnat[0]);
@@ -616,12 +607,8 @@ impl<'a> Tier<'a> {
             // listener on the containerPort inside the pod.
             let token = format!("plexus-hostport-{port}");
             ensure_host_port_answers(&netns, self.node.ip(), port, &token)?;
-            let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
+            let ifbs = new_ifbs(&ifb_before, self.overlay.has_bandwidth())?;
             if self.overlay.has_bandwidth() {
-                ensure!(
-                    ifbs.iter().any(|i| i.starts_with("bwp")),
-                    "no bandwidth ifb (have {ifbs:?})"
-                );
                 println!("    bandwidth: ifb {ifbs:?}");
                 // The shaping, by packets: the pod's annotations ask 10 Mbit/s each way. What
                 // the runtime passes as the burst (the tbf's) goes through at the path's speed

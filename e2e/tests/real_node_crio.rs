@@ -49,6 +49,7 @@ use plexus_e2e::realk8s::node::mount_ns::NodeMounts;
 use plexus_e2e::realk8s::node::{use_runtime, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
     selected_overlays, veth_pair, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+    DAEMON_MODE_MANIFESTS,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
@@ -264,12 +265,7 @@ impl<'a> Tier<'a> {
                 (install, vec![("plexus", common::bin("plexus"))])
             }
             Mode::Daemon => {
-                cp.apply_deploy(&[
-                    "nad-crd.yaml",
-                    "rbac.yaml",
-                    "rbac-daemon.yaml",
-                    "plexus-daemon-daemonset.yaml",
-                ])?;
+                cp.apply_deploy(&DAEMON_MODE_MANIFESTS)?;
                 let token = plexus_token(cp, &PlexusToken::Unbound)?;
                 let kubeconfig = self.node.path("daemon.kubeconfig");
                 cp.write_kubeconfig(&kubeconfig, &token)?;
@@ -461,11 +457,7 @@ impl<'a> Tier<'a> {
             )?;
         }
         self.wait_clean()?;
-        let answering = answering_from_the_node(&addrs);
-        ensure!(
-            answering.is_empty(),
-            "deleted pods' addresses still answer: {answering:?}"
-        );
+        ensure_no_address_answers(&addrs)?;
         Ok(())
     }
 
@@ -522,22 +514,11 @@ impl<'a> Tier<'a> {
         .with_context(|| self.node.logs(15))?;
         let (sb, netns) = self.pod_netns("hostport")?;
         self.seen.borrow_mut().sandboxes.push(sb);
-        let checked = (|| {
-            let pod = self.api.get_pod(NS, "hostport")?.context("pod")?;
-            check_pod_network(
-                &network_status(&pod)?,
-                &netns,
-                &[(self.net, "eth0"), ("app/br-a", "net1")],
-            )?;
+        let checked: Result<()> = (|| {
+            check_hostport_pod_network(&self.api, NS, &netns, self.net)?;
             let token = format!("plexus-crio-hostport-{port}");
             ensure_host_port_answers(&netns, self.node.ip(), port, &token)?;
-            let ifbs: Vec<String> = ifb_links().difference(&ifb_before).cloned().collect();
-            if self.overlay.has_bandwidth() {
-                ensure!(
-                    ifbs.iter().any(|i| i.starts_with("bwp")),
-                    "no bandwidth ifb (have {ifbs:?})"
-                );
-            }
+            let ifbs = new_ifbs(&ifb_before, self.overlay.has_bandwidth())?;
             println!("    hostPort {port} answered from the pod; ifb {ifbs:?}");
             Ok(())
         })();

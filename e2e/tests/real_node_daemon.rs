@@ -46,7 +46,7 @@ use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
     daemon_run_dir, scrape_metric, selected_overlays, stop_tier, DaemonOpts, InstallSh,
-    OverlayNode, PlexusDaemon,
+    OverlayNode, PlexusDaemon, DAEMON_MODE_MANIFESTS,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
@@ -61,8 +61,8 @@ use serde_json::{json, Value};
 use api::Api;
 use leftovers::{wait_clean, Seen};
 use pods::{
-    address, answering_from_the_node, create_and_wait, delete_and_wait, dnat_rules,
-    ensure_host_port_answers, ensure_host_port_gone, hostport_manifest, ifb_links, manifest,
+    address, create_and_wait, delete_and_wait, dnat_rules, ensure_host_port_answers,
+    ensure_host_port_gone, ensure_no_address_answers, hostport_manifest, ifb_links, manifest,
     median, network_status, pings, wait_until_plexus_is_in_the_path,
 };
 
@@ -326,12 +326,7 @@ impl<'a> Tier<'a> {
     /// DaemonSet's installer command and environment; wait until the config is in place.
     fn install(&mut self) -> Result<()> {
         let cp = self.cp;
-        cp.apply_deploy(&[
-            "nad-crd.yaml",
-            "rbac.yaml",
-            "rbac-daemon.yaml",
-            "plexus-daemon-daemonset.yaml",
-        ])?;
+        cp.apply_deploy(&DAEMON_MODE_MANIFESTS)?;
         let token = plexus_token(cp, &PlexusToken::Unbound)?;
         cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &token)?;
         self.start_daemon()?;
@@ -542,11 +537,7 @@ impl<'a> Tier<'a> {
         );
         self.pods.clear();
         wait_clean(Duration::from_secs(10), || self.leftovers())?;
-        let answering = answering_from_the_node(&std::mem::take(&mut self.addresses));
-        ensure!(
-            answering.is_empty(),
-            "deleted pods' addresses still answer: {answering:?}"
-        );
+        ensure_no_address_answers(&std::mem::take(&mut self.addresses))?;
         Ok(())
     }
 

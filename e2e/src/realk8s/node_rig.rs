@@ -82,6 +82,15 @@ impl<'a> OverlayNode<'a> {
     }
 }
 
+/// deploy/'s manifests daemon mode applies, in order: the NAD CRD, plexus' RBAC, the daemon's
+/// RBAC, the daemon DaemonSet.
+pub const DAEMON_MODE_MANIFESTS: [&str; 4] = [
+    "nad-crd.yaml",
+    "rbac.yaml",
+    "rbac-daemon.yaml",
+    "plexus-daemon-daemonset.yaml",
+];
+
 /// A veth pair of the test's own, `name` and `<name>p`, both up (a macvlan NAD's master); list
 /// both among [`OverlayNode::start`]'s `links` so the node deletes them when it stops.
 pub fn veth_pair(name: &str) -> Result<()> {

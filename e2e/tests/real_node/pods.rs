@@ -327,6 +327,41 @@ pub fn ensure_host_port_gone(
     ensure_no_hostport_left(port, ifb_before)
 }
 
+/// The hostPort pod ([`hostport_manifest`], netns `netns`): `net` on eth0 and `<ns>/br-a` on
+/// net1, in its network-status and its netns.
+pub fn check_hostport_pod_network(api: &Api, ns: &str, netns: &str, net: &str) -> Result<()> {
+    let pod = api.get_pod(ns, "hostport")?.context("pod")?;
+    let br_a = format!("{ns}/br-a");
+    check_pod_network(
+        &network_status(&pod)?,
+        netns,
+        &[(net, "eth0"), (br_a.as_str(), "net1")],
+    )
+}
+
+/// The ifbs that came since `ifb_before`; with `bandwidth` (the overlay's conflist chains
+/// it), one of bandwidth's (`bwp…`) among them.
+pub fn new_ifbs(ifb_before: &BTreeSet<String>, bandwidth: bool) -> Result<Vec<String>> {
+    let ifbs: Vec<String> = ifb_links().difference(ifb_before).cloned().collect();
+    if bandwidth {
+        ensure!(
+            ifbs.iter().any(|i| i.starts_with("bwp")),
+            "no bandwidth ifb (have {ifbs:?})"
+        );
+    }
+    Ok(ifbs)
+}
+
+/// None of `addrs` (deleted pods' addresses) answers from the node any more.
+pub fn ensure_no_address_answers(addrs: &[String]) -> Result<()> {
+    let answering = answering_from_the_node(addrs);
+    ensure!(
+        answering.is_empty(),
+        "deleted pods' addresses still answer: {answering:?}"
+    );
+    Ok(())
+}
+
 /// Pod `a` (netns `na`) and pod `b` (netns `nb`) ping each other's `ifname` address.
 pub fn ensure_pings_both_ways(a: &str, na: &str, b: &str, nb: &str, ifname: &str) -> Result<()> {
     let (ia, ib) = (address(na, ifname)?, address(nb, ifname)?);
