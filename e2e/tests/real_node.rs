@@ -41,7 +41,9 @@ use anyhow::{ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{cni_netns, use_containerd, wait_for, Node};
-use plexus_e2e::realk8s::node_rig::{selected_overlays, veth_pair, InstallSh, OverlayNode};
+use plexus_e2e::realk8s::node_rig::{
+    daemonset_json, selected_overlays, veth_pair, InstallSh, OverlayNode,
+};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtime_log;
@@ -1130,15 +1132,7 @@ impl<'a> Tier<'a> {
             "metadata":{"name":"openshift-service-ca.crt","namespace":"kube-system"},
             "data":{"service-ca.crt": cp.ca_pem()}});
         cp.apply(&ca.to_string())?;
-        let ds: Value = serde_json::from_str(&cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "daemonset",
-            "kube-plexus-ds",
-            "-o",
-            "json",
-        ])?)?;
+        let ds = daemonset_json(cp, "kube-plexus-ds")?;
         let tpl = &ds["spec"]["template"];
         let mut spec = tpl["spec"].clone();
         spec["nodeName"] = json!(self.node.name());

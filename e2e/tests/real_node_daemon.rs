@@ -45,8 +45,8 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    daemon_run_dir, scrape_metric, selected_overlays, stop_tier, DaemonOpts, InstallSh,
-    OverlayNode, PlexusDaemon, DAEMON_MODE_MANIFESTS,
+    daemon_run_dir, daemonset_json, scrape_metric, selected_overlays, stop_tier, DaemonOpts,
+    InstallSh, OverlayNode, PlexusDaemon, DAEMON_MODE_MANIFESTS,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
@@ -331,15 +331,7 @@ impl<'a> Tier<'a> {
         cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &token)?;
         self.start_daemon()?;
 
-        let ds: Value = serde_json::from_str(&cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "daemonset",
-            "kube-plexus-daemon",
-            "-o",
-            "json",
-        ])?)?;
+        let ds = daemonset_json(cp, "kube-plexus-daemon")?;
         let containers = ds["spec"]["template"]["spec"]["containers"]
             .as_array()
             .context("containers")?;
@@ -799,15 +791,7 @@ impl<'a> Tier<'a> {
             "metadata":{"name":"openshift-service-ca.crt","namespace":"kube-system"},
             "data":{"service-ca.crt": cp.ca_pem()}});
         cp.apply(&ca.to_string())?;
-        let ds: Value = serde_json::from_str(&cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "daemonset",
-            "kube-plexus-daemon",
-            "-o",
-            "json",
-        ])?)?;
+        let ds = daemonset_json(cp, "kube-plexus-daemon")?;
         // The pod's `hostPath: /` and `/run` (HostToContainer) need a shared source.
         let host_root = SharedHostRoot::new(Path::new(&format!(
             "/run/plexus-e2e-{}-root",

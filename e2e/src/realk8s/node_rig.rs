@@ -183,19 +183,24 @@ pub struct InstallSh {
     pub script: Option<PathBuf>,
 }
 
+/// DaemonSet `kube-system/<name>` as the API has it (`kubectl get -o json`).
+pub fn daemonset_json(cp: &ControlPlane, name: &str) -> Result<Value> {
+    Ok(serde_json::from_str(&cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "daemonset",
+        name,
+        "-o",
+        "json",
+    ])?)?)
+}
+
 impl InstallSh {
     /// From container `container` of DaemonSet `kube-system/<daemonset>`; an error unless it
     /// runs `/install.sh`.
     pub fn from_daemonset(cp: &ControlPlane, daemonset: &str, container: &str) -> Result<Self> {
-        let ds: Value = serde_json::from_str(&cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "daemonset",
-            daemonset,
-            "-o",
-            "json",
-        ])?)?;
+        let ds = daemonset_json(cp, daemonset)?;
         let spec = &ds["spec"]["template"]["spec"];
         let c = spec["initContainers"]
             .as_array()
