@@ -18,9 +18,9 @@
 //! Then the same on a flannel node on CRI-O 1.36 (thin mode, compact): CRI-O calls STATUS once
 //! at its start-up and never again with its default config (none when install.sh publishes the
 //! config, none in the 10 s after a restart); with `cni_status_grace_period` set it polls STATUS
-//! every 5 s (counted and timed as above, no API request), and a plugin of the cluster network
-//! gone turns the Node NotReady with plexus' message once the grace period has run out, Ready
-//! after the fix.
+//! every 5 s (counted and timed as above, no API request); a plugin of the cluster network gone
+//! for less than the grace period never flaps the Node, gone for good it turns the Node NotReady
+//! with plexus' message once the grace period has run out, Ready after the fix.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
 //! `cargo test -p plexus-e2e --test real_node_status -- NAME` runs the cases whose name holds
