@@ -282,6 +282,12 @@ impl InstallSh {
             ("PLEXUS_BIN_DIR".into(), p(&node.bin_dir())),
             ("PLEXUS_CONF_DIR".into(), conf.clone()),
             ("PLEXUS_HOST_CONF_DIR".into(), conf),
+            // The runtime's libcni cache is the node's own (its mount namespace): uninstall
+            // removes plexus' entries there.
+            (
+                "PLEXUS_CNI_CACHE_DIR".into(),
+                p(&node.host_path("/var/lib/cni/results")),
+            ),
             ("PLEXUS_TOKEN_FILE".into(), p(&sa.join("token"))),
             ("PLEXUS_CA_FILE".into(), p(&sa.join("ca.crt"))),
             ("PLEXUS_LOG_FILE".into(), p(&node.path("plexus.log"))),
