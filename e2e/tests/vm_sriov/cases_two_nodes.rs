@@ -786,13 +786,31 @@ fn clean_up(two: &mut Two<'_>) -> Result<(), String> {
             wrong.push(format!("VF {i} ({pci}) has no netdev in the root netns"));
         }
     }
-    // plexus' per-attachment device-info files (sriovdp's own under `dp/` stay).
-    let devinfo: Vec<String> = std::fs::read_dir(format!("{DEVINFO_DIR}/../cni"))
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    // plexus' per-attachment device-info files (sriovdp's own under `dp/` stay). A pod object
+    // can be gone before the kubelet's last teardown of one of its sandboxes ran (a sandbox
+    // replaced during the failover): their DEL removes the file, so it is waited for (60 s),
+    // and how long it took is said.
+    let devinfo_files = || -> Vec<String> {
+        std::fs::read_dir(format!("{DEVINFO_DIR}/../cni"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let t0 = Instant::now();
+    let first = devinfo_files();
+    let mut devinfo = first.clone();
+    while !devinfo.is_empty() && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+        devinfo = devinfo_files();
+    }
+    if !first.is_empty() && devinfo.is_empty() {
+        eprintln!(
+            "vm-runner: device-info files {first:?} were still there once the pods were gone; removed {:.1} s later",
+            t0.elapsed().as_secs_f64()
+        );
+    }
     if !devinfo.is_empty() {
         wrong.push(format!("device-info files left: {devinfo:?}"));
     }
