@@ -797,6 +797,12 @@ impl<'a> Tier<'a> {
             "/run/plexus-e2e-{}-root",
             self.node.name()
         )))?;
+        // containerd and the kubelet (its hostPath type checks) run in mount namespaces of
+        // their own, copied from the host's when they started: a mount made on the host since
+        // (the host's `/` is private) never reaches them. Restarted (pods keep running), they
+        // copy the shared root as a peer.
+        self.node.restart_runtime()?;
+        self.node.restart_kubelet()?;
         let pod = self.daemon_pod_manifest(&ds["spec"]["template"], host_root.path())?;
         let name = pod["metadata"]["name"]
             .as_str()
