@@ -745,10 +745,15 @@ impl<'a> Tier<'a> {
         // Nothing else releases it (no installer, no reconciler, no runtime call).
         std::thread::sleep(Duration::from_secs(5));
         let still = self.holding(&ghost.id);
-        // Its plan, leases and handles (the cache and lock files may be rewritten meanwhile).
+        // Its plan, leases and handles (the cache and lock files may be rewritten meanwhile,
+        // and the pending network-status write ends: the hand-run pod is not on this node).
         let durable = |v: &[String]| -> Vec<String> {
             v.iter()
-                .filter(|l| !l.starts_with("plexus: locks") && !l.starts_with("plexus: results"))
+                .filter(|l| {
+                    !l.starts_with("plexus: locks")
+                        && !l.starts_with("plexus: results")
+                        && !l.starts_with("plexus: status-pending")
+                })
                 .cloned()
                 .collect()
         };
