@@ -290,6 +290,12 @@ fn sriov_cni_readme_nad_with_device_plugin_resource() {
 }"#;
     let ipam_dir = std::path::Path::new("/var/lib/cni/networks/sriov-network");
     let ipam_dir_existed = ipam_dir.exists();
+    // host-local creates the parents too: those that did not exist go with it.
+    let parents_missing: Vec<&std::path::Path> = ipam_dir
+        .ancestors()
+        .skip(1)
+        .take_while(|a| !a.exists())
+        .collect();
     rig.api
         .put_nad(
             "bank",
@@ -325,6 +331,9 @@ fn sriov_cni_readme_nad_with_device_plugin_resource() {
     assert_eq!(pod.links(), vec!["lo"]);
     if !ipam_dir_existed {
         let _ = std::fs::remove_dir_all(ipam_dir);
+        for p in &parents_missing {
+            let _ = std::fs::remove_dir(p);
+        }
     }
 }
 
