@@ -16,6 +16,7 @@ pub mod context;
 pub mod daemon;
 pub mod devices;
 pub mod error;
+pub mod grpc_unix;
 pub mod host_local_guard;
 pub mod inputs;
 pub mod k8s;

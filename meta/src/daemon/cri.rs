@@ -9,9 +9,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::Endpoint;
 use tonic_prost::ProstCodec;
 
 /// The runtimes' default CRI sockets, in the order auto-detection looks for them.
@@ -19,9 +16,6 @@ pub const KNOWN_SOCKETS: [&str; 2] = ["/run/containerd/containerd.sock", "/var/r
 
 /// `runtimeEndpoint` value that turns the reconciler off.
 pub const OFF: &str = "none";
-
-/// Largest `ListPodSandbox` answer accepted (the kubelet's CRI client allows 16 MiB).
-const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
 
 /// gRPC path of `RuntimeService.ListPodSandbox`.
 pub const LIST_PATH: &str = "/runtime.v1.RuntimeService/ListPodSandbox";
@@ -139,20 +133,9 @@ async fn list(socket: &Path) -> Result<BTreeSet<String>, CriError> {
         socket: socket.to_path_buf(),
         message,
     };
-    let path = socket.to_path_buf();
-    // The authority is never used: every connection goes to the Unix socket.
-    let channel = Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
+    let mut client = crate::grpc_unix::connect(socket)
         .await
-        .map_err(|e| connect_error(error_chain(&e)))?;
-    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE);
-    client
-        .ready()
-        .await
-        .map_err(|e| connect_error(error_chain(&e)))?;
+        .map_err(connect_error)?;
     let resp = client
         .unary(
             tonic::Request::new(proto::ListPodSandboxRequest {}),
@@ -166,17 +149,6 @@ async fn list(socket: &Path) -> Result<BTreeSet<String>, CriError> {
             message: s.message().to_string(),
         })?;
     Ok(resp.into_inner().items.into_iter().map(|s| s.id).collect())
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

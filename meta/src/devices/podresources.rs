@@ -10,9 +10,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 
@@ -25,7 +22,7 @@ use self::proto::{
 pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// Largest response accepted (the kubelet's own client and Multus use 16 MiB).
-pub const MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+pub use crate::grpc_unix::MAX_MESSAGE_SIZE;
 
 /// Protobuf messages of `k8s.io/kubelet/pkg/apis/podresources/v1/api.proto` (the subset plexus
 /// reads; unknown fields such as `cpu_ids`, `memory` and `dynamic_resources` are skipped on
@@ -267,7 +264,7 @@ pub fn merge_devices(pods: &[PodResources], ns: &str, name: &str) -> BTreeMap<St
     map
 }
 
-type Client = tonic::client::Grpc<Channel>;
+use crate::grpc_unix::{error_chain, Client};
 
 async fn query(socket: &Path, ns: &str, name: &str) -> Result<PodAllocations, PodResourcesError> {
     let mut client = connect(socket).await?;
@@ -318,26 +315,12 @@ fn rpc_error(method: &'static str, status: Status) -> PodResourcesError {
 }
 
 async fn connect(socket: &Path) -> Result<Client, PodResourcesError> {
-    let connect_error = |message: String| PodResourcesError::Connect {
-        socket: socket.to_path_buf(),
-        message,
-    };
-    // The authority is never used: every connection goes to the Unix socket.
-    let endpoint = Endpoint::from_static("http://localhost");
-    let path = socket.to_path_buf();
-    let channel = endpoint
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
+    crate::grpc_unix::connect(socket)
         .await
-        .map_err(|e| connect_error(error_chain(&e)))?;
-    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE_SIZE);
-    client
-        .ready()
-        .await
-        .map_err(|e| connect_error(error_chain(&e)))?;
-    Ok(client)
+        .map_err(|message| PodResourcesError::Connect {
+            socket: socket.to_path_buf(),
+            message,
+        })
 }
 
 async fn call<Req, Resp>(
@@ -362,17 +345,6 @@ where
         )
         .await?;
     Ok(resp.into_inner())
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]
