@@ -15,6 +15,8 @@ const ORDER: &[&str] = &[
     // data: pod identity; the API client and its error (import nothing of meta's)
     "pod",
     "k8s",
+    // the Unix-socket gRPC client the pod-resources and CRI clients share
+    "grpc_unix",
     // MetaError: its own data and the k8s / pod-resources errors it wraps
     "error",
     // default-route netlink work, for attach
