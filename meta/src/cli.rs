@@ -82,7 +82,7 @@ pub fn main() {
         Some("daemon") => std::process::exit(exec_daemon(&argv[1..])),
         Some("check-config") => std::process::exit(check_config(&argv[1..])),
         Some("version" | "--version") => {
-            println!("plexus {}", env!("CARGO_PKG_VERSION"));
+            println!("{}", crate::build_info::version_line("plexus"));
             return;
         }
         Some("-h" | "--help" | "help") => {

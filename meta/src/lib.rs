@@ -10,6 +10,7 @@
 
 pub mod address_guard;
 pub mod attach;
+pub mod build_info;
 pub mod claims_pending;
 pub mod cli;
 pub mod context;

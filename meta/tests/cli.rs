@@ -52,7 +52,11 @@ fn help_and_version_succeed() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("plexus {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "plexus {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            env!("PLEXUS_BUILD_DESCRIBE")
+        )
     );
 }
 

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 /// meta's top-level modules, bottom (imports nothing of meta's) to top (front ends). A module
 /// may import only modules listed before it.
 const ORDER: &[&str] = &[
+    // the version line of the binaries (build facts only)
+    "build_info",
     // data: pod identity; the API client and its error (import nothing of meta's)
     "pod",
     "k8s",

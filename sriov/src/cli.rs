@@ -63,7 +63,11 @@ pub fn main(settings: Settings) {
     match argv.first().map(String::as_str) {
         None | Some("list") => {}
         Some("version" | "--version") => {
-            println!("sriov {}", env!("CARGO_PKG_VERSION"));
+            println!(
+                "sriov {} ({})",
+                env!("CARGO_PKG_VERSION"),
+                env!("PLEXUS_BUILD_DESCRIBE")
+            );
             return;
         }
         Some("-h" | "--help" | "help") => {

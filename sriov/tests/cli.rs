@@ -46,7 +46,11 @@ fn help_and_version_succeed() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("sriov {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "sriov {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            env!("PLEXUS_BUILD_DESCRIBE")
+        )
     );
 }
 

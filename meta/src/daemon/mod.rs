@@ -111,7 +111,8 @@ const USAGE: &str =
                      [--log-level LEVEL] [--log-file PATH] [--status-in-call]
                      [--host-root DIR] [--reconcile-interval SECONDS] [--cni-config FILE]
        plexus daemon reconcile --config FILE ... [--every SECONDS]
-                     (node reconciler: one pass, or a loop; --help)";
+                     (node reconciler: one pass, or a loop; --help)
+       plexus-daemon --version";
 
 impl DaemonConfig {
     /// From the command line (a `--config` file first, then the flags).
@@ -309,6 +310,10 @@ async fn build_client(cfg: &DaemonConfig) -> Result<Option<KubeClient>, String> 
 pub fn main(argv: &[String]) -> i32 {
     if argv.first().map(String::as_str) == Some("reconcile") {
         return reconcile_run::main(&argv[1..]);
+    }
+    if argv.first().map(String::as_str) == Some("--version") {
+        println!("{}", crate::build_info::version_line("plexus-daemon"));
+        return 0;
     }
     if argv.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
