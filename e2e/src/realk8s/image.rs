@@ -1,8 +1,13 @@
-//! Container images built locally, as OCI image-layout tarballs with correct digests, for
-//! `ctr -n k8s.io images import` (nothing can be pulled here): one layer of given files, plus
-//! helpers to copy host binaries with the shared libraries they need.
+//! Container images for the node tiers, as OCI image-layout tar archives for `ctr -n k8s.io
+//! images import` and `skopeo copy oci-archive:…` (nothing can be pulled here):
+//!
+//! - [`plexus_image`]: the shipped installer image, built by `scripts/build-image.sh` (a Debian
+//!   root from `mmdebstrap`, then plexus' files) from the binaries under test;
+//! - [`oci_archive`]: a one-layer image of a few given files (the test pause image), laid out
+//!   with GNU tar in the same reproducible way as the script.
 
-use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -37,15 +42,241 @@ pub fn digest(data: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
+/// The binaries the installer image carries in `/usr/src/plexus/bin/` (deploy/Dockerfile's
+/// COPY, scripts/build-image.sh's `BINARIES`).
+pub const IMAGE_BINARIES: [&str; 4] = ["plexus", "plexus-daemon", "plexus-shim", "sriov"];
+
+/// The installer image, built by `scripts/build-image.sh` from `install_sh` and the binaries
+/// `bins` (name, built binary; debug builds, stripped on the way in). A binary of
+/// [`IMAGE_BINARIES`] missing from `bins` is taken from beside the first one (the e2e binaries
+/// sit together in `target/<profile>/e2e-bin/`). With `PLEXUS_RELEASE_DIR` set, the release
+/// binaries there go in instead of `bins` (CI). The image is named as the DaemonSet manifests
+/// reference it ([`image_ref`]). The Debian layer is cached under `target/image/cache` (keyed by
+/// its package list, suite, mirror and `SOURCE_DATE_EPOCH`): only the first call of a run
+/// bootstraps it. Written under `work`; returns the archive's path.
+pub fn plexus_image(work: &Path, install_sh: &Path, bins: &[(&str, PathBuf)]) -> Result<PathBuf> {
+    std::fs::create_dir_all(work)?;
+    let out = work.join("plexus-image.tar");
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("scripts/build-image.sh"));
+    match std::env::var_os("PLEXUS_RELEASE_DIR") {
+        Some(dir) => {
+            cmd.arg("--bin-dir").arg(dir);
+        }
+        None => {
+            cmd.arg("--bin-dir")
+                .arg(bin_dir(&work.join("bin"), bins)?)
+                .arg("--strip");
+        }
+    }
+    cmd.arg("--install-sh")
+        .arg(install_sh)
+        .arg("--out")
+        .arg(&out)
+        .arg("--sbom")
+        .arg(work.join("plexus-image.sbom.txt"))
+        .arg("--name")
+        .arg(image_ref()?)
+        .arg("--cache-dir")
+        .arg(super::bins::target_dir().join("image/cache"));
+    let t0 = std::time::Instant::now();
+    let res = cmd.output().context("run scripts/build-image.sh")?;
+    if !res.status.success() {
+        bail!(
+            "scripts/build-image.sh failed ({}): {}",
+            res.status,
+            String::from_utf8_lossy(&res.stderr).trim()
+        );
+    }
+    tracing::info!(
+        archive = %out.display(),
+        seconds = t0.elapsed().as_secs_f64(),
+        "built the plexus image with scripts/build-image.sh"
+    );
+    Ok(out)
+}
+
+/// A directory `dir` holding each of [`IMAGE_BINARIES`] under its name: from `bins`, else from
+/// beside the first of `bins`.
+fn bin_dir(dir: &Path, bins: &[(&str, PathBuf)]) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let beside = bins
+        .first()
+        .and_then(|(_, p)| p.parent())
+        .context("no binaries given")?
+        .to_path_buf();
+    for name in IMAGE_BINARIES {
+        let src = bins
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| beside.join(name));
+        let dst = dir.join(name);
+        let _ = std::fs::remove_file(&dst);
+        std::fs::copy(&src, &dst)
+            .with_context(|| format!("copy {} to {}", src.display(), dst.display()))?;
+    }
+    for (name, _) in bins {
+        if !IMAGE_BINARIES.contains(name) {
+            bail!("{name} is not a binary of the plexus image ({IMAGE_BINARIES:?})");
+        }
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// The workspace root.
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The fully qualified reference of the plexus image as the manifests under `deploy/` name it:
+/// `PLEXUS_IMAGE_REF` if set; else a kustomization's `images:` entry for `plexus`
+/// (`newName`/`newTag`); else the `image:` of deploy/plexus-daemonset.yaml; else
+/// `plexus:<workspace version>`.
+pub fn image_ref() -> Result<String> {
+    if let Ok(r) = std::env::var("PLEXUS_IMAGE_REF") {
+        return Ok(normalize_ref(&r));
+    }
+    let deploy = repo_root().join("deploy");
+    let mut kustomizations = Vec::new();
+    find_files(&deploy, "kustomization.yaml", &mut kustomizations);
+    kustomizations.sort();
+    for k in &kustomizations {
+        let text = std::fs::read_to_string(k)?;
+        if let Some(r) = kustomize_image(&text, "plexus") {
+            return Ok(normalize_ref(&r));
+        }
+    }
+    if let Ok(text) = std::fs::read_to_string(deploy.join("plexus-daemonset.yaml")) {
+        if let Some(r) = text.lines().find_map(|l| {
+            let v = l.trim().strip_prefix("image:")?.trim();
+            (repository(v) == "plexus").then(|| v.to_string())
+        }) {
+            return Ok(normalize_ref(&r));
+        }
+    }
+    Ok(normalize_ref(&format!(
+        "plexus:{}",
+        env!("CARGO_PKG_VERSION")
+    )))
+}
+
+/// Files named `name` under `dir`, recursively.
+fn find_files(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            find_files(&p, name, out);
+        } else if e.file_name() == name {
+            out.push(p);
+        }
+    }
+}
+
+/// The last path component of a reference's repository (`registry/x/plexus:1` → `plexus`).
+fn repository(reference: &str) -> &str {
+    let name = reference.split('@').next().unwrap_or(reference);
+    let last = name.rsplit('/').next().unwrap_or(name);
+    last.split(':').next().unwrap_or(last)
+}
+
+/// The reference a kustomization's `images:` list gives image `name` (`newName`, `newTag`,
+/// `digest` applied), if it has an entry for it. Line-based: the list as kustomize writes it.
+fn kustomize_image(text: &str, name: &str) -> Option<String> {
+    let mut in_images = false;
+    let mut entry: Option<(String, Option<String>, Option<String>)> = None;
+    let mut found = None;
+    for line in text.lines() {
+        let t = line.trim();
+        if !line.starts_with(' ') && !line.starts_with('-') && !t.is_empty() {
+            in_images = t == "images:";
+            continue;
+        }
+        if !in_images {
+            continue;
+        }
+        let t = t.strip_prefix("- ").map(|s| {
+            if let Some(e) = entry.take() {
+                found = found.clone().or(finish_entry(e, name));
+            }
+            entry = Some((String::new(), None, None));
+            s
+        });
+        let t = t.unwrap_or(line.trim());
+        let Some((k, v)) = t.split_once(':') else {
+            continue;
+        };
+        let v = v.trim().trim_matches('"').trim_matches('\'').to_string();
+        if let Some(e) = entry.as_mut() {
+            match k.trim() {
+                "name" => e.0 = v,
+                "newName" => e.1 = Some(v),
+                "newTag" => e.2 = Some(v),
+                _ => {}
+            }
+        }
+    }
+    if let Some(e) = entry {
+        found = found.or(finish_entry(e, name));
+    }
+    found
+}
+
+fn finish_entry(
+    (n, new_name, new_tag): (String, Option<String>, Option<String>),
+    name: &str,
+) -> Option<String> {
+    if n != name {
+        return None;
+    }
+    let repo = new_name.unwrap_or(n);
+    Some(match new_tag {
+        Some(t) => format!("{repo}:{t}"),
+        None => repo,
+    })
+}
+
+/// The normalized form of an image reference, as the CRI stores it: `plexus:1` →
+/// `docker.io/library/plexus:1`, `x/plexus` → `docker.io/x/plexus:latest`.
+pub fn normalize_ref(reference: &str) -> String {
+    let (first, rest) = match reference.split_once('/') {
+        Some((f, r)) if f.contains('.') || f.contains(':') || f == "localhost" => {
+            (f.to_string(), r.to_string())
+        }
+        Some(_) => ("docker.io".to_string(), reference.to_string()),
+        None => ("docker.io".to_string(), format!("library/{reference}")),
+    };
+    let last = rest.rsplit('/').next().unwrap_or(&rest);
+    let tagged = last.contains(':') || rest.contains('@');
+    format!("{first}/{rest}{}", if tagged { "" } else { ":latest" })
+}
+
 /// The OCI image layout (as a tar) of image `name` (normalized, e.g. `docker.io/local/x:1`) with
-/// one layer holding `files` (parent directories added), `entrypoint` and `env`.
+/// one uncompressed layer holding `files` (parent directories added, owner root), `entrypoint`
+/// and `env`. Tars made by GNU tar with the options of scripts/build-image.sh (sorted, mtime 0,
+/// numeric owner 0, no atime/ctime): the same files give the same bytes.
 pub fn oci_archive(
     name: &str,
     files: &[ImageFile],
     entrypoint: &[&str],
     env: &[&str],
 ) -> Result<Vec<u8>> {
-    let layer = layer_tar(files);
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root)?;
+    for f in files {
+        let path = root.join(f.path.trim_start_matches('/'));
+        std::fs::create_dir_all(path.parent().context("file path")?)?;
+        std::fs::write(&path, &f.data)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode & 0o7777))?;
+    }
+    let layer = deterministic_tar(&root)?;
     let layer_digest = digest(&layer);
     let config = serde_json::to_vec(&json!({
         "architecture": "amd64",
@@ -68,229 +299,55 @@ pub fn oci_archive(
                        "annotations": {"org.opencontainers.image.ref.name": name,
                                        "io.containerd.image.name": name}}],
     }))?;
-    let mut tar = Tar::default();
-    tar.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#);
-    tar.file("index.json", 0o644, &index);
-    tar.dir("blobs/");
-    tar.dir("blobs/sha256/");
-    for blob in [&layer, &config, &manifest] {
-        let hex = digest(blob)["sha256:".len()..].to_string();
-        tar.file(&format!("blobs/sha256/{hex}"), 0o644, blob);
-    }
-    Ok(tar.finish())
-}
-
-/// `ImageFile::mode` type bits of a symbolic link (its `data` is the target).
-pub const SYMLINK: u32 = 0o120000;
-
-/// One layer: `files` and their parent directories.
-pub fn layer_tar(files: &[ImageFile]) -> Vec<u8> {
-    let mut layer = Tar::default();
-    let mut dirs = BTreeSet::new();
-    for f in files {
-        let rel = f.path.trim_start_matches('/');
-        let mut acc = String::new();
-        let parts: Vec<&str> = rel.split('/').collect();
-        for part in &parts[..parts.len() - 1] {
-            acc.push_str(part);
-            acc.push('/');
-            dirs.insert(acc.clone());
-        }
-    }
-    for d in &dirs {
-        layer.dir(d);
-    }
-    for f in files {
-        let name = f.path.trim_start_matches('/');
-        if f.mode & 0o170000 == SYMLINK {
-            layer.symlink(name, &String::from_utf8_lossy(&f.data));
-        } else {
-            layer.file(name, f.mode, &f.data);
-        }
-    }
-    layer.finish()
-}
-
-/// Host programs (found in PATH) as `/bin/<name>`, plus every shared library `ldd` lists for
-/// them at its host path (symlinks resolved to their content).
-pub fn host_programs(names: &[&str]) -> Result<Vec<ImageFile>> {
-    let mut files = Vec::new();
-    let mut libs = BTreeSet::new();
-    for n in names {
-        let out = Command::new("sh")
-            .args(["-c", "command -v \"$1\"", "sh", n])
-            .output()?;
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !out.status.success() || !path.starts_with('/') {
-            bail!("{n} not found on the host");
-        }
-        files.push(ImageFile::new(
-            &format!("/bin/{n}"),
-            0o755,
-            std::fs::read(&path).with_context(|| format!("read {path}"))?,
-        ));
-        libs.extend(shared_libraries(&path)?);
-    }
-    for l in libs {
-        files.push(ImageFile::new(
-            &l,
-            0o755,
-            std::fs::read(&l).with_context(|| format!("read {l}"))?,
-        ));
-    }
-    Ok(files)
-}
-
-/// The programs deploy/install.sh runs (for an installer image).
-pub const INSTALLER_PROGRAMS: &[&str] = &[
-    "sh",
-    "jq",
-    "cp",
-    "mv",
-    "cmp",
-    "dd",
-    "sha256sum",
-    "cut",
-    "base64",
-    "tr",
-    "mkdir",
-    "rm",
-    "grep",
-    "sleep",
-    "cat",
-    "date",
-    "chmod",
-];
-
-/// The `plexus:latest` image of deploy/Dockerfile, built from the host instead: the installer's
-/// programs ([`INSTALLER_PROGRAMS`]) and their libraries, `/install.sh`, and each of `bins`
-/// (name, built binary) stripped into `/usr/src/plexus/bin/` with the libraries it needs (the
-/// daemon runs in the image). Written as an OCI tarball under `work`; returns its path.
-pub fn plexus_image(
-    work: &std::path::Path,
-    install_sh: &std::path::Path,
-    bins: &[(&str, std::path::PathBuf)],
-) -> Result<std::path::PathBuf> {
-    std::fs::create_dir_all(work)?;
-    let mut files = host_programs(INSTALLER_PROGRAMS)?;
-    let mut have: BTreeSet<String> = files.iter().map(|f| f.path.clone()).collect();
-    files.push(ImageFile::new(
-        "/install.sh",
-        0o755,
-        std::fs::read(install_sh)?,
-    ));
-    // As in debian:12-slim: CNI_NETNS paths are /var/run/netns/… .
-    files.push(ImageFile::new(
-        "/var/run",
-        SYMLINK | 0o777,
-        b"/run".to_vec(),
-    ));
-    for (name, built) in bins {
-        let out = work.join(name);
-        let ok = Command::new("strip")
-            .arg("-o")
-            .arg(&out)
-            .arg(built)
-            .status()?
-            .success();
-        if !ok {
-            bail!("strip {}", built.display());
-        }
-        files.push(ImageFile::new(
-            &format!("/usr/src/plexus/bin/{name}"),
-            0o755,
-            std::fs::read(&out)?,
-        ));
-        for l in shared_libraries(&built.display().to_string())? {
-            if have.insert(l.clone()) {
-                files.push(ImageFile::new(&l, 0o755, std::fs::read(&l)?));
-            }
-        }
-    }
-    let tar = work.join("plexus-image.tar");
+    let layout = tmp.path().join("layout");
+    let blobs = layout.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs)?;
     std::fs::write(
-        &tar,
-        oci_archive(
-            "docker.io/library/plexus:latest",
-            &files,
-            &["/install.sh"],
-            &["PATH=/bin"],
-        )?,
+        layout.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
     )?;
-    Ok(tar)
+    std::fs::write(layout.join("index.json"), &index)?;
+    for blob in [&layer, &config, &manifest] {
+        let hex = &digest(blob)["sha256:".len()..];
+        std::fs::write(blobs.join(hex), blob)?;
+    }
+    deterministic_tar(&layout)
 }
 
-/// Absolute paths of the shared libraries (and the loader) `ldd` lists for `binary`.
-fn shared_libraries(binary: &str) -> Result<Vec<String>> {
-    let out = Command::new("ldd")
-        .arg(binary)
+/// A tar of everything under `dir` (names relative, sorted), by GNU tar: mtime 0, owner and
+/// group 0, readable by all (not writable but by the owner), no atime/ctime.
+fn deterministic_tar(dir: &Path) -> Result<Vec<u8>> {
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "--format=posix",
+            "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+            "--sort=name",
+            "--mtime=@0",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--mode=go-w,a+rX",
+            "-cf",
+            "-",
+        ])
+        .args(top_level(dir)?)
         .output()
-        .context("run ldd")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            let p = match l.split_once("=>") {
-                Some((_, rhs)) => rhs.split_whitespace().next()?,
-                None => l.split_whitespace().next()?,
-            };
-            p.starts_with('/').then(|| p.to_string())
-        })
-        .collect())
+        .context("run tar")?;
+    if !out.status.success() {
+        bail!("tar: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(out.stdout)
 }
 
-/// A minimal ustar writer (regular files and directories, owner root, mtime 0).
-#[derive(Default)]
-pub(crate) struct Tar {
-    out: Vec<u8>,
-    /// The link name of the entry being written (symlinks).
-    link_target: String,
-}
-
-impl Tar {
-    pub(crate) fn file(&mut self, name: &str, mode: u32, data: &[u8]) {
-        self.header(name, mode, data.len(), b'0');
-        self.out.extend_from_slice(data);
-        let pad = (512 - data.len() % 512) % 512;
-        self.out.resize(self.out.len() + pad, 0);
-    }
-
-    pub(crate) fn dir(&mut self, name: &str) {
-        self.header(name, 0o755, 0, b'5');
-    }
-
-    pub(crate) fn symlink(&mut self, name: &str, target: &str) {
-        assert!(target.len() < 100, "symlink target too long: {target}");
-        self.link_target = target.to_string();
-        self.header(name, 0o777, 0, b'2');
-        self.link_target.clear();
-    }
-
-    fn header(&mut self, name: &str, mode: u32, size: usize, kind: u8) {
-        assert!(name.len() < 100, "tar name too long: {name}");
-        let mut h = [0u8; 512];
-        let put = |h: &mut [u8; 512], at: usize, s: &[u8]| h[at..at + s.len()].copy_from_slice(s);
-        put(&mut h, 0, name.as_bytes());
-        put(&mut h, 100, format!("{mode:07o}\0").as_bytes());
-        put(&mut h, 108, b"0000000\0");
-        put(&mut h, 116, b"0000000\0");
-        put(&mut h, 124, format!("{size:011o}\0").as_bytes());
-        put(&mut h, 136, b"00000000000\0");
-        put(&mut h, 148, b"        ");
-        h[156] = kind;
-        put(&mut h, 157, self.link_target.as_bytes());
-        put(&mut h, 257, b"ustar\0");
-        put(&mut h, 263, b"00");
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        put(&mut h, 148, format!("{sum:06o}\0 ").as_bytes());
-        self.out.extend_from_slice(&h);
-    }
-
-    pub(crate) fn finish(mut self) -> Vec<u8> {
-        self.out.resize(self.out.len() + 1024, 0);
-        self.out
-    }
+/// The entries directly under `dir`, sorted (tar's arguments: names without `./`).
+fn top_level(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    names.sort();
+    Ok(names)
 }
 
 #[cfg(test)]
@@ -305,26 +362,53 @@ mod tests {
         );
     }
 
-    #[test]
-    fn archive_lists_the_blobs_its_index_names() {
-        let files = [ImageFile::new("/usr/bin/x", 0o755, b"\x7fELF".to_vec())];
-        let tar = oci_archive("docker.io/local/x:1", &files, &["/usr/bin/x"], &[]).unwrap();
+    /// The blobs of an archive, by digest, after checking each one's name is its sha256.
+    fn blobs_of(tar: &[u8]) -> Vec<String> {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("image.tar");
-        std::fs::write(&file, &tar).unwrap();
-        let out = Command::new("tar").arg("-tf").arg(&file).output().unwrap();
-        assert!(out.status.success(), "tar -tf refused the archive");
-        let names = String::from_utf8(out.stdout).unwrap();
-        assert!(names.contains("index.json\n") && names.contains("oci-layout\n"));
-        assert_eq!(names.matches("blobs/sha256/").count(), 4, "{names}");
+        std::fs::write(&file, tar).unwrap();
+        let st = Command::new("tar")
+            .arg("-xf")
+            .arg(&file)
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "tar -xf refused the archive");
+        assert!(dir.path().join("oci-layout").exists());
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(dir.path().join("blobs/sha256")).unwrap() {
+            let e = e.unwrap();
+            let data = std::fs::read(e.path()).unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert_eq!(digest(&data), format!("sha256:{name}"));
+            names.push(name);
+        }
+        names
     }
 
     #[test]
-    fn layer_carries_parent_directories() {
+    fn archive_holds_blobs_named_by_their_digests() {
+        let files = [ImageFile::new("/usr/bin/x", 0o755, b"\x7fELF".to_vec())];
+        let tar = oci_archive("docker.io/local/x:1", &files, &["/usr/bin/x"], &[]).unwrap();
+        assert_eq!(blobs_of(&tar).len(), 3, "layer, config, manifest");
+    }
+
+    #[test]
+    fn archive_is_reproducible_and_its_layer_carries_parent_directories() {
         let files = [ImageFile::new("/usr/bin/x", 0o755, b"x".to_vec())];
+        let a = oci_archive("docker.io/local/x:1", &files, &[], &[]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let b = oci_archive("docker.io/local/x:1", &files, &[], &[]).unwrap();
+        assert!(a == b, "two builds of the same files differ");
         let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::write(root.join("usr/bin/x"), b"x").unwrap();
+        let layer = deterministic_tar(&root).unwrap();
         let file = dir.path().join("layer.tar");
-        std::fs::write(&file, layer_tar(&files)).unwrap();
+        std::fs::write(&file, layer).unwrap();
         let out = Command::new("tar").arg("-tvf").arg(&file).output().unwrap();
         let list = String::from_utf8(out.stdout).unwrap();
         let names: Vec<&str> = list
@@ -332,17 +416,29 @@ mod tests {
             .filter_map(|l| l.split_whitespace().last())
             .collect();
         assert_eq!(names, ["usr/", "usr/bin/", "usr/bin/x"], "{list}");
-        assert!(list.contains("-rwxr-xr-x"), "{list}");
+        assert!(list.contains("0/0"), "{list}");
     }
 
     #[test]
-    fn host_programs_bring_their_libraries() {
-        let files = host_programs(&["sh"]).unwrap();
-        assert!(files.iter().any(|f| f.path == "/bin/sh"));
-        assert!(
-            files.iter().any(|f| f.path.contains("libc.so")),
-            "{:?}",
-            files.iter().map(|f| &f.path).collect::<Vec<_>>()
+    fn references_are_normalized_as_the_cri_stores_them() {
+        assert_eq!(normalize_ref("plexus:1"), "docker.io/library/plexus:1");
+        assert_eq!(normalize_ref("plexus"), "docker.io/library/plexus:latest");
+        assert_eq!(normalize_ref("x/plexus:2"), "docker.io/x/plexus:2");
+        assert_eq!(
+            normalize_ref("registry.example:5000/x/plexus"),
+            "registry.example:5000/x/plexus:latest"
         );
+        assert_eq!(repository("registry:5000/x/plexus:1"), "plexus");
+    }
+
+    #[test]
+    fn kustomization_images_entry_gives_the_reference() {
+        let k = "resources:\n- ../base\nimages:\n- name: pause\n  newTag: \"3\"\n- name: plexus\n  newName: registry.example/plexus\n  newTag: 0.2.0\nnamespace: x\n";
+        assert_eq!(
+            kustomize_image(k, "plexus").as_deref(),
+            Some("registry.example/plexus:0.2.0")
+        );
+        assert_eq!(kustomize_image(k, "pause").as_deref(), Some("pause:3"));
+        assert_eq!(kustomize_image("images:\n- name: other\n", "plexus"), None);
     }
 }
