@@ -931,7 +931,10 @@ fn the_node_name_goes_into_the_config_from_the_daemonsets_node() {
     assert_eq!(plugin(&node)["nodeName"], "worker-7");
     // Both DaemonSets hand the installer its Pod's spec.nodeName (the daemon's installer too:
     // its config serves the thin fallback and the shim's own calls).
-    for file in ["plexus-daemonset.yaml", "plexus-daemon-daemonset.yaml"] {
+    for file in [
+        "components/thin/plexus-daemonset.yaml",
+        "components/daemon/plexus-daemon-daemonset.yaml",
+    ] {
         let manifest = fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../deploy")
@@ -970,7 +973,8 @@ fn manifest_env(manifest: &str, name: &str) -> Option<String> {
 #[test]
 fn the_daemon_daemonsets_installer_installs_plexus_shim_and_names_it_as_the_type() {
     let manifest = fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/plexus-daemon-daemonset.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/components/daemon/plexus-daemon-daemonset.yaml"),
     )
     .expect("daemon manifest");
     let binaries = manifest_env(&manifest, "PLEXUS_BINARIES").expect("PLEXUS_BINARIES");

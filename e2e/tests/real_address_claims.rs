@@ -1,5 +1,6 @@
 //! Address claims against a real kube-apiserver: the `AddressClaim` CRD
-//! (`deploy/address-claim-crd.yaml`) and `deploy/rbac-fixed-ips.yaml` applied for real.
+//! (`deploy/components/fixed-ips/address-claim-crd.yaml`) and
+//! `deploy/components/fixed-ips/rbac-fixed-ips.yaml` applied for real.
 //!
 //! - The requests: two clients (as two nodes would) claim the same addresses at the same moment
 //!   and exactly one wins each; a claim of a pod that is gone is taken over by exactly one of two
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
     let setup = || -> Result<()> {
         cp.apply_file(
             &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../deploy/address-claim-crd.yaml"),
+                .join("../deploy/components/fixed-ips/address-claim-crd.yaml"),
         )?;
         cp.kubectl(&[
             "wait",
@@ -111,7 +112,11 @@ const FIXED: &str = "10.56.7.10";
 impl<'a> Nodes<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Nodes<'a>> {
         let rig = Rig::builder()
-            .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-fixed-ips.yaml"])
+            .deploy(&[
+                "base/nad-crd.yaml",
+                "base/rbac.yaml",
+                "components/fixed-ips/rbac-fixed-ips.yaml",
+            ])
             .plexus_token(PlexusToken::Unbound)
             .build(cp)?;
         // Plugins beyond Debian's (CNI_PATH): real whereabouts, when PLEXUS_IPAM_BIN is given.

@@ -1,9 +1,9 @@
-//! Node-restricted writes on the real kube-apiserver: `deploy/admission/node-restriction.yaml`
+//! Node-restricted writes on the real kube-apiserver: `deploy/components/node-restriction/node-restriction.yaml`
 //! (a ValidatingAdmissionPolicy) lets plexus' ServiceAccount, with a token bound to its pod on
 //! one node, write the status of pods on that node, events it reports as that node and the
 //! status of claims allocated there, and nothing of another node; a token bound to no pod can
 //! write none of them. plexus itself runs end to end under the policy. And
-//! `deploy/admission/nad-policy.yaml` (a ValidatingAdmissionPolicy with the ConfigMap
+//! `deploy/components/nad-policy/nad-policy.yaml` (a ValidatingAdmissionPolicy with the ConfigMap
 //! `kube-system/plexus-nad-policy` as parameters) refuses NADs naming host interfaces, VLANs,
 //! devices, device resources or host paths their namespace was not given, with a message naming
 //! the key, the value and what is allowed. Skipped (and passing) without `PLEXUS_K8S_BIN`.
@@ -26,7 +26,7 @@ const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 const OTHER_NODE: &str = "other-node";
 const RESOURCE_NAME: &str = "k8s.v1.cni.cncf.io/resourceName";
-/// The NAD policy's parameters (deploy/admission/nad-policy.yaml's paramRef).
+/// The NAD policy's parameters (deploy/components/nad-policy/nad-policy.yaml's paramRef).
 const POLICY_CM: &str = "/api/v1/namespaces/kube-system/configmaps/plexus-nad-policy";
 
 fn main() -> ExitCode {
@@ -91,14 +91,14 @@ impl<'a> AdmissionRig<'a> {
         // plexus' DaemonSet pod on this node, and its bound token (as the kubelet projects it).
         let rig = Rig::builder()
             .deploy(&[
-                "nad-crd.yaml",
-                "address-claim-crd.yaml",
-                "rbac.yaml",
-                "rbac-dra.yaml",
-                "rbac-fixed-ips.yaml",
-                "admission/node-restriction.yaml",
-                "admission/nad-policy.yaml",
-                "admission/nad-policy-configmap.yaml",
+                "base/nad-crd.yaml",
+                "components/fixed-ips/address-claim-crd.yaml",
+                "base/rbac.yaml",
+                "components/dra/rbac-dra.yaml",
+                "components/fixed-ips/rbac-fixed-ips.yaml",
+                "components/node-restriction/node-restriction.yaml",
+                "components/nad-policy/nad-policy.yaml",
+                "components/nad-policy/nad-policy-configmap.yaml",
             ])
             .namespaces(&["bank", "dev"])
             .node_objects(&[node.as_str(), OTHER_NODE])
@@ -544,12 +544,13 @@ fn nad_policy_allows(rig: &AdmissionRig<'_>) -> Result<()> {
     Ok(())
 }
 
-/// deploy/admission/nad-policy-configmap.yaml loads and the policy reads it as it says: bank
+/// deploy/components/nad-policy/nad-policy-configmap.yaml loads and the policy reads it as it says: bank
 /// may use ens1f0, br-bank, VLANs 100 and 200-209, intel.com/bank_vf, and nothing else; another
 /// namespace nothing.
 fn nad_policy_example_configmap(rig: &AdmissionRig<'_>) -> Result<()> {
-    rig.cp
-        .apply_file(&repo("deploy/admission/nad-policy-configmap.yaml"))?;
+    rig.cp.apply_file(&repo(
+        "deploy/components/nad-policy/nad-policy-configmap.yaml",
+    ))?;
     let checked = (|| -> Result<()> {
         rig.wait_for_policy("the example ConfigMap", Some("allowed: ens1f0, br-bank ("))?;
         let cm = rig.cp.get_json(POLICY_CM)?;

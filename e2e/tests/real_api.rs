@@ -1,5 +1,5 @@
 //! API tier: plexus against a real kube-apiserver + etcd (`plexus_e2e::realk8s`), with the
-//! Debian plugins in real network namespaces. `deploy/nad-crd.yaml` and `deploy/rbac.yaml` are
+//! Debian plugins in real network namespaces. `deploy/base/nad-crd.yaml` and `deploy/base/rbac.yaml` are
 //! applied for real and plexus runs with a TokenRequest token of `kube-system/plexus`, so a
 //! missing or excessive right fails. Pods and NADs are created by the admin (no scheduler: pods
 //! carry `spec.nodeName`). The API faults (slow, 429/500, unreachable) come from a fault proxy in
@@ -117,7 +117,7 @@ struct Node<'a> {
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
         let rig = Rig::builder()
-            .deploy(&["nad-crd.yaml", "rbac.yaml"])
+            .deploy(&["base/nad-crd.yaml", "base/rbac.yaml"])
             .namespaces(&["db", "other"])
             .plexus_token(PlexusToken::Unbound)
             .build(cp)?;

@@ -3,7 +3,7 @@
 //! `k8s.cni.cncf.io/resourceName`, a ResourceClaim whose allocation the admin writes since no
 //! scheduler runs, a pod whose status names the claim) and the device plugin (the kubelet's
 //! checkpoint file). plexus runs with a TokenRequest token of `kube-system/plexus` under
-//! `deploy/rbac.yaml` + `deploy/rbac-dra.yaml`. The VFs are the usual stand-ins: a fake sysfs
+//! `deploy/base/rbac.yaml` + `deploy/components/dra/rbac-dra.yaml`. The VFs are the usual stand-ins: a fake sysfs
 //! tree, the file-backed fake PF, and veth ends in a per-run "host" netns as VF netdevs.
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`.
 
@@ -85,7 +85,11 @@ impl<'a> DraRig<'a> {
         // As in the DaemonSet: plexus' token is bound to its pod on this node, so the API
         // server knows the node it speaks for (authentication.kubernetes.io/node-name).
         let rig = Rig::builder()
-            .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-dra.yaml"])
+            .deploy(&[
+                "base/nad-crd.yaml",
+                "base/rbac.yaml",
+                "components/dra/rbac-dra.yaml",
+            ])
             .namespaces(&["bank"])
             .plexus_token(PlexusToken::BoundToPod {
                 node: NODE.into(),

@@ -72,7 +72,7 @@ struct Node<'a> {
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
         let rig = Rig::builder()
-            .deploy(&["nad-crd.yaml", "rbac.yaml"])
+            .deploy(&["base/nad-crd.yaml", "base/rbac.yaml"])
             .namespaces(&["bank", "dev"])
             .plexus_token(PlexusToken::Unbound)
             .build(cp)?;

@@ -42,7 +42,8 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{cni_netns, use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    daemonset_json, selected_overlays, veth_pair, InstallSh, OverlayNode,
+    daemonset_json, import_plexus_image, selected_overlays, veth_pair, InstallSh, OverlayNode,
+    PLEXUS_NAMESPACE, THIN_OVERLAY,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
@@ -277,22 +278,24 @@ impl<'a> Tier<'a> {
 
     // ------------------------------------------------------------------------------ install
 
-    /// Apply every manifest in deploy/ and deploy/examples/, then run install.sh as the
-    /// DaemonSet would, against the node's directories; wait until a pod gets plexus' status.
+    /// Install plexus as users do, `kubectl apply -k deploy/overlays/thin`, and apply every
+    /// manifest in deploy/examples/; then run install.sh as the DaemonSet would, against the
+    /// node's directories; wait until a pod gets plexus' status.
     fn install(&mut self) -> Result<()> {
         let cp = self.cp;
-        // Every manifest, for real (no dry run), the README's order first.
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
-        let all: Vec<PathBuf> = yaml_files(&repo("deploy"))?
-            .into_iter()
-            .chain(yaml_files(&repo("deploy/examples"))?)
-            .collect();
-        for f in &all {
+        let overlay = cp.apply_kustomization(THIN_OVERLAY)?;
+        ensure!(
+            overlay.namespace()? == PLEXUS_NAMESPACE,
+            "{THIN_OVERLAY} installs into {}, the tier expects {PLEXUS_NAMESPACE}",
+            overlay.namespace()?
+        );
+        let examples = yaml_files(&repo("deploy/examples"))?;
+        for f in &examples {
             cp.apply_file(f)
                 .with_context(|| format!("kubectl apply -f {}", f.display()))?;
         }
         // The example pod (an SR-IOV device request) cannot run here; no scheduler binds it.
-        for f in &all {
+        for f in &examples {
             let text = std::fs::read_to_string(f)?;
             if text.contains("\nkind: Pod\n") {
                 cp.kubectl(&[
@@ -304,11 +307,17 @@ impl<'a> Tier<'a> {
                 ])?;
             }
         }
+        let have = cp.still_there(&overlay)?;
+        ensure!(
+            have.len() == overlay.objects.len(),
+            "applied {} objects of {THIN_OVERLAY}, the API has {have:?}",
+            overlay.objects.len()
+        );
         for (kind, name) in [
             ("serviceaccount", "plexus"),
             ("daemonset", "kube-plexus-ds"),
         ] {
-            cp.kubectl(&["-n", "kube-system", "get", kind, name])?;
+            cp.kubectl(&["-n", PLEXUS_NAMESPACE, "get", kind, name])?;
         }
         cp.kubectl(&["get", "clusterrole,clusterrolebinding", "plexus"])?;
         cp.kubectl(&["-n", "default", "get", "net-attach-def", "macvlan-conf"])?;
@@ -1108,7 +1117,7 @@ impl<'a> Tier<'a> {
     /// The DaemonSet's pod itself, as the DaemonSet controller would create it on this node
     /// (none runs here): its template from the apiserver, `spec.nodeName` set, the hostPath
     /// volumes pointed at the node's test dirs, and the API address (no kube-proxy here). The
-    /// image `plexus:latest` is built from deploy/install.sh, the host's sh, jq and coreutils and
+    /// image (`plexus:<version>`, as deploy/settings names it) is built from deploy/install.sh, the host's sh, jq and coreutils and
     /// the workspace binaries. Checks: the pod gets Ready (its readiness probe), it rewrote the
     /// kubeconfig with its own projected ServiceAccount token, pods get their networks with it,
     /// and on delete (SIGTERM) the config stays.
@@ -1122,17 +1131,18 @@ impl<'a> Tier<'a> {
                 ("plexus-daemon", common::bin("plexus-daemon")),
             ],
         )?;
-        self.node.import_image(&tar)?;
-
         let cp = self.cp;
-        cp.create_namespace("kube-system")?; // its kube-root-ca.crt, for the projected token
-                                             // These kube-apiserver binaries (openshift/kubernetes source) also project this
-                                             // ConfigMap into every ServiceAccount token volume; no controller creates it here.
+        // The DaemonSet as `kubectl apply -k deploy/overlays/thin` stored it: its image is
+        // deploy/settings' `plexus:<version>`.
+        let ds = daemonset_json(cp, "kube-plexus-ds")?;
+        import_plexus_image(&self.node, &tar, &ds)?;
+        cp.create_namespace(PLEXUS_NAMESPACE)?; // its kube-root-ca.crt, for the projected token
+                                                // These kube-apiserver binaries (openshift/kubernetes source) also project this
+                                                // ConfigMap into every ServiceAccount token volume; no controller creates it here.
         let ca = json!({"apiVersion":"v1","kind":"ConfigMap",
-            "metadata":{"name":"openshift-service-ca.crt","namespace":"kube-system"},
+            "metadata":{"name":"openshift-service-ca.crt","namespace":PLEXUS_NAMESPACE},
             "data":{"service-ca.crt": cp.ca_pem()}});
         cp.apply(&ca.to_string())?;
-        let ds = daemonset_json(cp, "kube-plexus-ds")?;
         let tpl = &ds["spec"]["template"];
         let mut spec = tpl["spec"].clone();
         spec["nodeName"] = json!(self.node.name());
@@ -1171,7 +1181,7 @@ impl<'a> Tier<'a> {
             env.push(json!({"name": k, "value": v}));
         }
         let pod = json!({"apiVersion":"v1","kind":"Pod",
-            "metadata":{"name":"kube-plexus-ds-node","namespace":"kube-system",
+            "metadata":{"name":"kube-plexus-ds-node","namespace":PLEXUS_NAMESPACE,
                         "labels": tpl["metadata"]["labels"]},
             "spec": spec});
         let kubeconfig = self.node.conf_dir().join("plexus.d/plexus.kubeconfig");
@@ -1180,7 +1190,7 @@ impl<'a> Tier<'a> {
         self.api.create_pod(&pod)?;
         let mut log_at_ready = String::new();
         let ready = wait_for("the DaemonSet pod Ready", Duration::from_secs(90), || {
-            let p = self.api.get_pod("kube-system", "kube-plexus-ds-node")?;
+            let p = self.api.get_pod(PLEXUS_NAMESPACE, "kube-plexus-ds-node")?;
             let is_ready = p.is_some_and(|p| {
                 p["status"]["conditions"]
                     .as_array()
@@ -1191,7 +1201,7 @@ impl<'a> Tier<'a> {
             if is_ready {
                 log_at_ready = self
                     .node
-                    .container_log("kube-system", "kube-plexus-ds-node");
+                    .container_log(PLEXUS_NAMESPACE, "kube-plexus-ds-node");
             }
             Ok(is_ready)
         });
@@ -1210,7 +1220,7 @@ impl<'a> Tier<'a> {
                 || {
                     Ok(self
                         .node
-                        .container_log("kube-system", "kube-plexus-ds-node")
+                        .container_log(PLEXUS_NAMESPACE, "kube-plexus-ds-node")
                         .contains("node reconciler loop started"))
                 },
             )
@@ -1222,22 +1232,22 @@ impl<'a> Tier<'a> {
                 || {
                     Ok(self
                         .node
-                        .container_log("kube-system", "kube-plexus-ds-node")
+                        .container_log(PLEXUS_NAMESPACE, "kube-plexus-ds-node")
                         .contains("watching every"))
                 },
             )
         });
         let logs = self
             .node
-            .container_log("kube-system", "kube-plexus-ds-node");
+            .container_log(PLEXUS_NAMESPACE, "kube-plexus-ds-node");
         if let Err(e) = ready {
-            let p = self.api.get_pod("kube-system", "kube-plexus-ds-node")?;
-            let evs = self.api.events("kube-system", "kube-plexus-ds-node")?;
+            let p = self.api.get_pod(PLEXUS_NAMESPACE, "kube-plexus-ds-node")?;
+            let evs = self.api.events(PLEXUS_NAMESPACE, "kube-plexus-ds-node")?;
             let evs: Vec<String> = evs
                 .iter()
                 .map(|e| format!("{} {}: {}", e["type"], e["reason"], e["message"]))
                 .collect();
-            let _ = self.api.delete_pod("kube-system", "kube-plexus-ds-node");
+            let _ = self.api.delete_pod(PLEXUS_NAMESPACE, "kube-plexus-ds-node");
             return Err(e.context(format!(
                 "status {}\nevents {evs:#?}\ninstaller log:\n{logs}",
                 p.map(|p| p["status"].clone()).unwrap_or_default()
@@ -1266,17 +1276,18 @@ impl<'a> Tier<'a> {
         )?;
         // Delete it (a rollout): SIGTERM, exit 0, nothing removed. The kubelet removes the pod's
         // logs with the pod: keep what was last seen.
-        self.api.delete_pod("kube-system", "kube-plexus-ds-node")?;
+        self.api
+            .delete_pod(PLEXUS_NAMESPACE, "kube-plexus-ds-node")?;
         let (mut last_log, mut exit, mut reconcile_exit) =
             (String::new(), Value::Null, Value::Null);
         wait_for("the DaemonSet pod gone", Duration::from_secs(60), || {
             let log = self
                 .node
-                .container_log("kube-system", "kube-plexus-ds-node");
+                .container_log(PLEXUS_NAMESPACE, "kube-plexus-ds-node");
             if !log.is_empty() {
                 last_log = log;
             }
-            match self.api.get_pod("kube-system", "kube-plexus-ds-node")? {
+            match self.api.get_pod(PLEXUS_NAMESPACE, "kube-plexus-ds-node")? {
                 Some(p) => {
                     for c in p["status"]["containerStatuses"]
                         .as_array()

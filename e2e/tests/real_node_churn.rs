@@ -16,10 +16,11 @@
 //! daemon DaemonSet's pod replaced (SIGTERM to both containers, a new pod 3 s later); * the
 //! kubelet restarted; * containerd restarted (SIGTERM to containerd alone, as systemd's
 //! `KillMode=process` does); * daemon → thin (pods added through the daemon DELed by thin plexus);
-//! last, the uninstall DaemonSet (`deploy/uninstall/`) applied: pods created before it keep
-//! their networks and are DELed through plexus, pods created during it get the cluster network
-//! alone with a `NetworksNotAttached` event, then without plexus at all; nothing of plexus is
-//! left. The table at the end gives, per operation, the pods created, Running correctly, with
+//! last, the uninstall DaemonSet (`kubectl apply -k deploy/uninstall`) applied: pods created
+//! before it keep their networks and are DELed through plexus, pods created during it get the
+//! cluster network alone with a `NetworksNotAttached` event, then without plexus at all; nothing
+//! of plexus is left on the node, and after `kubectl delete -k` of deploy/uninstall and both
+//! overlays none of their objects is left in the API. The table at the end gives, per operation, the pods created, Running correctly, with
 //! the cluster network only, on the wrong network, failed, the kubelet's sandbox retries and the
 //! median create → Running.
 //!
@@ -40,7 +41,7 @@ mod multus_thick;
 #[path = "real_node/pods.rs"]
 mod pods;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,7 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::{wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
     daemon_run_dir, selected_overlays, stop_tier, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
+    DAEMON_OVERLAY, THIN_OVERLAY,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
@@ -169,7 +171,8 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
             || {
                 tier.under_churn_judged("uninstall", Tier::uninstall, |t, out, t0| {
                     t.judge_uninstall(out, t0)?;
-                    t.wait_clean()
+                    t.wait_clean()?;
+                    t.delete_from_the_cluster()
                 })
             },
         );
@@ -179,10 +182,6 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>, full: bool) {
             || tier.multus_side_by_side(),
         );
     }
-}
-
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
 }
 
 /// The previous build's directory (`PLEXUS_PREV_BIN`, from scripts/prev-build.sh, which
@@ -298,19 +297,25 @@ impl<'a> Tier<'a> {
             .to_string())
     }
 
-    /// RBAC, the DaemonSets, the thin installer, two bridge NADs; a probe pod gets plexus.
+    /// Both overlays (`kubectl apply -k deploy/overlays/thin`, then `deploy/overlays/daemon`
+    /// for the DaemonSet thin_to_daemon switches to), the thin installer, two bridge NADs; a
+    /// probe pod gets plexus.
     fn install_thin(&mut self) -> Result<()> {
         let cp = self.cp;
-        cp.apply_deploy(&[
-            "nad-crd.yaml",
-            "rbac.yaml",
-            "rbac-daemon.yaml",
-            "plexus-daemonset.yaml",
-            "plexus-daemon-daemonset.yaml",
-        ])?;
+        cp.apply_kustomization(THIN_OVERLAY)?;
+        cp.apply_kustomization(DAEMON_OVERLAY)?;
         self.token = plexus_token(cp, &PlexusToken::Unbound)?;
         cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &self.token)?;
         self.run_installer("kube-plexus-ds", &self.binaries(false), json!({}))?;
+        self.create_nads()?;
+        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
+        self.delete_probe()?;
+        self.wait_clean()
+    }
+
+    /// The two bridge NADs the churn's pods ask for.
+    fn create_nads(&self) -> Result<()> {
+        let cp = self.cp;
         let ipam = |subnet: &str| json!({"type":"host-local","dataDir":self.node.ipam_dir(),"ranges":[[{"subnet":subnet}]]});
         for (i, name) in ["br-a", "br-b"].into_iter().enumerate() {
             let cfg = json!({"cniVersion":"1.0.0","name":name,"type":"bridge",
@@ -319,9 +324,7 @@ impl<'a> Tier<'a> {
                 "metadata":{"name":name,"namespace":NS},"spec":{"config":cfg.to_string()}});
             cp.apply(&nad.to_string())?;
         }
-        wait_until_plexus_is_in_the_path(&self.api, NS, self.node.name())?;
-        self.delete_probe()?;
-        self.wait_clean()
+        Ok(())
     }
 
     /// Delete the probe pod `wait_until_plexus_is_in_the_path` left running (its sandbox and
@@ -523,11 +526,10 @@ impl<'a> Tier<'a> {
         Ok(())
     }
 
-    /// `deploy/uninstall/plexus-uninstall.yaml` applied over the thin DaemonSet, its installer
+    /// `kubectl apply -k deploy/uninstall` (its DaemonSet over the thin one), its installer
     /// run (`--uninstall`): ready once plexus is gone from the node; nothing of plexus is left.
     fn uninstall(&mut self) -> Result<()> {
-        self.cp
-            .apply_file(&repo("deploy/uninstall/plexus-uninstall.yaml"))?;
+        self.cp.apply_kustomization("uninstall")?;
         // It is ready only once every pod that has a secondary network is deleted: the churn's
         // pods, at the kubelet's pace on a loaded node.
         self.run_installer_script(
@@ -557,6 +559,18 @@ impl<'a> Tier<'a> {
         }
         ensure!(left.is_empty(), "left after uninstall: {left:?}");
         Ok(())
+    }
+
+    /// After the uninstall: `kubectl delete -k` of deploy/uninstall and of both overlays, and
+    /// none of their objects is left in the API (the ServiceAccount, RBAC, DaemonSets, the NAD
+    /// CRD and with it every NAD). Then the NAD CRD and the two NADs again, for the peer's
+    /// case that follows.
+    fn delete_from_the_cluster(&mut self) -> Result<()> {
+        for dir in ["uninstall", DAEMON_OVERLAY, THIN_OVERLAY] {
+            self.cp.delete_kustomization(dir)?;
+        }
+        self.cp.apply_deploy(&["base/nad-crd.yaml"])?;
+        self.create_nads()
     }
 
     /// Multus thick on the same node, churn and operation as [`Tier::kill_daemon`] (its

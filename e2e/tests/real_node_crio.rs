@@ -48,8 +48,8 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::mount_ns::NodeMounts;
 use plexus_e2e::realk8s::node::{use_runtime, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    selected_overlays, veth_pair, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon,
-    DAEMON_MODE_MANIFESTS,
+    selected_overlays, veth_pair, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon, DAEMON_OVERLAY,
+    THIN_OVERLAY,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
@@ -150,9 +150,9 @@ fn run_cases(suite: &mut Suite, tier: &mut Tier<'_>) {
 /// How plexus runs on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
-    /// The `plexus` binary (deploy/plexus-daemonset.yaml's installer).
+    /// The `plexus` binary (deploy/components/thin/plexus-daemonset.yaml's installer).
     Thin,
-    /// `plexus-shim` + `plexus-daemon` (deploy/plexus-daemon-daemonset.yaml).
+    /// `plexus-shim` + `plexus-daemon` (deploy/components/daemon/plexus-daemon-daemonset.yaml).
     Daemon,
 }
 
@@ -260,12 +260,12 @@ impl<'a> Tier<'a> {
         println!("    Node {}: {rt}", self.node.name());
         let (install, binaries) = match self.mode {
             Mode::Thin => {
-                cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
+                cp.apply_kustomization(THIN_OVERLAY)?;
                 let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
                 (install, vec![("plexus", common::bin("plexus"))])
             }
             Mode::Daemon => {
-                cp.apply_deploy(&DAEMON_MODE_MANIFESTS)?;
+                cp.apply_kustomization(DAEMON_OVERLAY)?;
                 let token = plexus_token(cp, &PlexusToken::Unbound)?;
                 let kubeconfig = self.node.path("daemon.kubeconfig");
                 cp.write_kubeconfig(&kubeconfig, &token)?;

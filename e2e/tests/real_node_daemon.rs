@@ -2,9 +2,10 @@
 //! (`plexus_e2e::realk8s::node`) on a real kube-apiserver, the cluster network laid out by
 //! `plexus_e2e::realk8s::overlay` (**calico** with the full case list, then **flannel** with the
 //! compact one; real_node swaps them), `plexus daemon` first as a process of the node with a
-//! kubeconfig from a TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml +
-//! deploy/rbac-daemon.yaml), and plexus installed by `deploy/install.sh` with the command and
-//! environment of the install container of deploy/plexus-daemon-daemonset.yaml (its
+//! kubeconfig from a TokenRequest token for `kube-system/plexus`, after `kubectl apply -k
+//! deploy/overlays/daemon` (the base's RBAC + the daemon component's), and plexus installed by
+//! `deploy/install.sh` with the command and environment of the install container of the
+//! DaemonSet that overlay applied (deploy/components/daemon/plexus-daemon-daemonset.yaml; its
 //! `PLEXUS_BINARIES` adds `plexus-shim`, its `PLEXUS_EXTRA_CONFIG` makes `plexus-shim` the
 //! config's type and puts `daemonSocket` in it): containerd execs `plexus-shim`.
 //!
@@ -45,8 +46,8 @@ use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::image;
 use plexus_e2e::realk8s::node::{use_containerd, wait_for, Node};
 use plexus_e2e::realk8s::node_rig::{
-    daemon_run_dir, daemonset_json, scrape_metric, selected_overlays, stop_tier, DaemonOpts,
-    InstallSh, OverlayNode, PlexusDaemon, DAEMON_MODE_MANIFESTS,
+    daemon_run_dir, daemonset_json, import_plexus_image, scrape_metric, selected_overlays,
+    stop_tier, DaemonOpts, InstallSh, OverlayNode, PlexusDaemon, DAEMON_OVERLAY, PLEXUS_NAMESPACE,
 };
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::overlay_hostroot::SharedHostRoot;
@@ -322,11 +323,17 @@ impl<'a> Tier<'a> {
         scrape_metric(self.metrics_port, name, labels)
     }
 
-    /// RBAC for the daemon, its kubeconfig, the daemon, then install.sh with the daemon
-    /// DaemonSet's installer command and environment; wait until the config is in place.
+    /// `kubectl apply -k deploy/overlays/daemon` (the base, the daemon's RBAC, its DaemonSet),
+    /// the daemon's kubeconfig, the daemon, then install.sh with the daemon DaemonSet's
+    /// installer command and environment; wait until the config is in place.
     fn install(&mut self) -> Result<()> {
         let cp = self.cp;
-        cp.apply_deploy(&DAEMON_MODE_MANIFESTS)?;
+        let overlay = cp.apply_kustomization(DAEMON_OVERLAY)?;
+        ensure!(
+            overlay.namespace()? == PLEXUS_NAMESPACE,
+            "{DAEMON_OVERLAY} installs into {}, the tier expects {PLEXUS_NAMESPACE}",
+            overlay.namespace()?
+        );
         let token = plexus_token(cp, &PlexusToken::Unbound)?;
         cp.write_kubeconfig(&self.node.path("daemon.kubeconfig"), &token)?;
         self.start_daemon()?;
@@ -765,7 +772,8 @@ impl<'a> Tier<'a> {
     /// its template from the apiserver (both containers, every mount, `--host-root
     /// /hostroot`), `spec.nodeName` set, host paths mapped to the node's directories (a
     /// same-path mount stays same-path), the socket and metrics port of this tier, the API
-    /// address. The image `plexus:latest` is built from the host (image::plexus_image). The
+    /// address. The image (`plexus:<version>`, as deploy/settings names it) is built from the host
+    /// (image::plexus_image). The
     /// process daemon is stopped first: pods then get the overlay only through the pod's
     /// daemon, whose delegates must find files that none of its mounts holds (calico's nodename
     /// file, flannel's subnet.env and state, host-local's leases: all under the node's dir).
@@ -783,15 +791,17 @@ impl<'a> Tier<'a> {
                 ("sriov", common::bin("sriov")),
             ],
         )?;
-        self.node.import_image(&tar)?;
         let cp = self.cp;
-        cp.create_namespace("kube-system")?;
+        // The DaemonSet as `kubectl apply -k deploy/overlays/daemon` stored it: its image is
+        // deploy/settings' `plexus:<version>`.
+        let ds = daemonset_json(cp, "kube-plexus-daemon")?;
+        import_plexus_image(&self.node, &tar, &ds)?;
+        cp.create_namespace(PLEXUS_NAMESPACE)?;
         // These kube-apiserver binaries also project this ConfigMap into every token volume.
         let ca = json!({"apiVersion":"v1","kind":"ConfigMap",
-            "metadata":{"name":"openshift-service-ca.crt","namespace":"kube-system"},
+            "metadata":{"name":"openshift-service-ca.crt","namespace":PLEXUS_NAMESPACE},
             "data":{"service-ca.crt": cp.ca_pem()}});
         cp.apply(&ca.to_string())?;
-        let ds = daemonset_json(cp, "kube-plexus-daemon")?;
         // The pod's `hostPath: /` and `/run` (HostToContainer) need a shared source.
         let host_root = SharedHostRoot::new(Path::new(&format!(
             "/run/plexus-e2e-{}-root",
@@ -811,9 +821,9 @@ impl<'a> Tier<'a> {
         let name = name.as_str();
         let res = self.run_daemon_pod(&pod, name);
         // The pod gone before its host root is taken away.
-        let _ = self.api.delete_pod("kube-system", name);
+        let _ = self.api.delete_pod(PLEXUS_NAMESPACE, name);
         let gone = wait_for("the daemon pod gone", Duration::from_secs(60), || {
-            Ok(self.api.get_pod("kube-system", name)?.is_none())
+            Ok(self.api.get_pod(PLEXUS_NAMESPACE, name)?.is_none())
         });
         drop(host_root);
         res.and(gone)
@@ -824,7 +834,7 @@ impl<'a> Tier<'a> {
         let t0 = std::time::Instant::now();
         self.api.create_pod(pod)?;
         let ready = wait_for("the daemon pod Ready", Duration::from_secs(90), || {
-            let p = self.api.get_pod("kube-system", name)?;
+            let p = self.api.get_pod(PLEXUS_NAMESPACE, name)?;
             Ok(p.is_some_and(|p| {
                 p["status"]["conditions"]
                     .as_array()
@@ -834,14 +844,14 @@ impl<'a> Tier<'a> {
             }))
         });
         if let Err(e) = ready {
-            let p = self.api.get_pod("kube-system", name)?;
+            let p = self.api.get_pod(PLEXUS_NAMESPACE, name)?;
             let evs: Vec<String> = self
                 .api
-                .events("kube-system", name)?
+                .events(PLEXUS_NAMESPACE, name)?
                 .iter()
                 .map(|e| format!("{} {}: {}", e["type"], e["reason"], e["message"]))
                 .collect();
-            let logs = self.node.container_log("kube-system", name);
+            let logs = self.node.container_log(PLEXUS_NAMESPACE, name);
             return Err(e.context(format!(
                 "status {}\nevents {evs:#?}\nlogs:\n{logs}",
                 p.map(|p| p["status"].clone()).unwrap_or_default()
@@ -853,7 +863,7 @@ impl<'a> Tier<'a> {
         );
         self.batch("dspod", 3, 3)?;
         self.delete_all()?;
-        let logs = self.node.container_log("kube-system", name);
+        let logs = self.node.container_log(PLEXUS_NAMESPACE, name);
         ensure!(
             logs.contains("delegates run chrooted into the host root"),
             "the pod's daemon does not chroot its delegates:\n{logs}"
@@ -946,7 +956,7 @@ impl<'a> Tier<'a> {
         }
         Ok(json!({"apiVersion":"v1","kind":"Pod",
             "metadata":{"name":format!("kube-plexus-daemon-{}", self.overlay.kind().name()),
-                        "namespace":"kube-system",
+                        "namespace":PLEXUS_NAMESPACE,
                         "labels": tpl["metadata"]["labels"]},
             "spec": spec}))
     }

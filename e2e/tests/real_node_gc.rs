@@ -41,7 +41,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node::{use_containerd, wait_for};
-use plexus_e2e::realk8s::node_rig::{DaemonOpts, InstallSh, OverlayNode, PlexusDaemon};
+use plexus_e2e::realk8s::node_rig::{
+    DaemonOpts, InstallSh, OverlayNode, PlexusDaemon, DAEMON_OVERLAY, THIN_OVERLAY,
+};
 use plexus_e2e::realk8s::overlay::Kind;
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtimes::Containerd;
@@ -238,8 +240,7 @@ impl<'a> Tier<'a> {
     /// RBAC, the thin DaemonSet's installer (with `plexus-daemon` in its image dir, as the
     /// image has it), two NADs: `br-a` (bridge + host-local) and `slow` (its ADD blocks once).
     fn install(&mut self) -> Result<()> {
-        self.cp
-            .apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
+        self.cp.apply_kustomization(THIN_OVERLAY)?;
         self.token = plexus_token(self.cp, &PlexusToken::Unbound)?;
         self.run_installer("kube-plexus-ds", false)?;
         let node = &self.on.node;
@@ -412,8 +413,7 @@ impl<'a> Tier<'a> {
         // The daemon DaemonSet replaces the thin one (deploy/README.md), its reconcile container too.
         self.stop_reconcile_container()?;
         let node = &self.on.node;
-        self.cp
-            .apply_deploy(&["rbac-daemon.yaml", "plexus-daemon-daemonset.yaml"])?;
+        self.cp.apply_kustomization(DAEMON_OVERLAY)?;
         std::fs::create_dir_all(node.path("run"))?;
         let kubeconfig = node.path("daemon.kubeconfig");
         self.cp.write_kubeconfig(&kubeconfig, &self.token)?;

@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use plexus_e2e::realk8s::node::{use_runtime, wait_for};
-use plexus_e2e::realk8s::node_rig::{DaemonOpts, InstallSh, OverlayNode, PlexusDaemon};
+use plexus_e2e::realk8s::node_rig::{
+    DaemonOpts, InstallSh, OverlayNode, PlexusDaemon, DAEMON_OVERLAY, THIN_OVERLAY,
+};
 use plexus_e2e::realk8s::overlay::{Kind, Overlay};
 use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::runtimes::{Containerd, Runtime};
@@ -509,7 +511,7 @@ impl<'a> Tier<'a> {
     /// The thin DaemonSet's installer run; its config checked.
     fn install_thin_config(&mut self) -> Result<()> {
         let cp = self.cp;
-        cp.apply_deploy(&["nad-crd.yaml", "rbac.yaml", "plexus-daemonset.yaml"])?;
+        cp.apply_kustomization(THIN_OVERLAY)?;
         let install = InstallSh::from_daemonset(cp, "kube-plexus-ds", "install-plexus")?;
         self.run_installer(
             install,
@@ -626,7 +628,7 @@ impl<'a> Tier<'a> {
     fn install_daemon(&mut self, watch: &ReadyWatch) -> Result<()> {
         let cp = self.cp;
         let t0 = Instant::now();
-        cp.apply_deploy(&["rbac-daemon.yaml", "plexus-daemon-daemonset.yaml"])?;
+        cp.apply_kustomization(DAEMON_OVERLAY)?;
         let token = plexus_token(cp, &PlexusToken::Unbound)?;
         cp.write_kubeconfig(&self.node.node.path("daemon.kubeconfig"), &token)?;
         self.daemon_mode = true;

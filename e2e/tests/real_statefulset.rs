@@ -2,8 +2,8 @@
 //! `plexus.cni.io/fixed-ips`) on a real one-node cluster — kube-apiserver, the real
 //! kube-scheduler (binds the replicas) and kube-controller-manager running the statefulset
 //! controller, a real kubelet and containerd (`plexus_e2e::realk8s::node`) with a bridge primary.
-//! Plexus runs with a TokenRequest token for `kube-system/plexus` (deploy/rbac.yaml +
-//! rbac-fixed-ips.yaml + rbac-daemon.yaml, with the AddressClaim CRD: each replica's address is
+//! Plexus runs with a TokenRequest token for `kube-system/plexus` (deploy/base/rbac.yaml +
+//! components/fixed-ips/rbac-fixed-ips.yaml + components/daemon/rbac-daemon.yaml, with the AddressClaim CRD: each replica's address is
 //! claimed in the API, and no claim is left at the end) and declares the runtime's pod-annotations capability
 //! (so the owner of a replica is read with one GET when a NAD has a mapping).
 //!
@@ -175,11 +175,11 @@ impl<'a> Tier<'a> {
     fn install(&mut self) -> Result<()> {
         let cp = self.cp;
         cp.apply_deploy(&[
-            "nad-crd.yaml",
-            "address-claim-crd.yaml",
-            "rbac.yaml",
-            "rbac-fixed-ips.yaml",
-            "rbac-daemon.yaml",
+            "base/nad-crd.yaml",
+            "components/fixed-ips/address-claim-crd.yaml",
+            "base/rbac.yaml",
+            "components/fixed-ips/rbac-fixed-ips.yaml",
+            "components/daemon/rbac-daemon.yaml",
         ])?;
         plexus_kubeconfig(
             cp,

@@ -38,6 +38,7 @@
 pub mod audit;
 pub mod bins;
 pub mod cri; // node tier (real_node): cri, image, node, pause
+pub mod deploy;
 pub mod fault_proxy;
 pub mod fault_rules;
 mod https;
@@ -405,13 +406,19 @@ impl ControlPlane {
             .collect())
     }
 
-    /// `kubectl apply` the repository's `deploy/<file>` manifests in order (e.g. `nad-crd.yaml`,
-    /// `rbac.yaml`), then wait until the NetworkAttachmentDefinition CRD is established.
+    /// `kubectl apply -f` the repository's `deploy/` manifests in order, each a path under
+    /// `deploy/` (e.g. `base/rbac.yaml`, `components/dra/rbac-dra.yaml`) or a bare file name
+    /// found under `deploy/base` or `deploy/components/*` ([`deploy::deploy_file`]); then wait
+    /// until the NetworkAttachmentDefinition CRD (and the AddressClaim CRD, when applied) is
+    /// established. The API tiers apply single manifests this way; an install is
+    /// [`ControlPlane::apply_kustomization`] (`kubectl apply -k deploy/overlays/<mode>`).
     pub fn apply_deploy(&self, files: &[&str]) -> Result<()> {
-        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let mut claims = false;
         for f in files {
-            self.apply_file(&deploy.join(f))
-                .with_context(|| format!("kubectl apply -f deploy/{f}"))?;
+            let path = deploy::deploy_file(f)?;
+            claims |= path.ends_with("address-claim-crd.yaml");
+            self.apply_file(&path)
+                .with_context(|| format!("kubectl apply -f {}", path.display()))?;
         }
         self.kubectl(&[
             "wait",
@@ -419,7 +426,7 @@ impl ControlPlane {
             "--timeout=60s",
             "crd/network-attachment-definitions.k8s.cni.cncf.io",
         ])?;
-        if files.contains(&"address-claim-crd.yaml") {
+        if claims {
             self.kubectl(&[
                 "wait",
                 "--for=condition=Established",

@@ -82,14 +82,17 @@ impl<'a> OverlayNode<'a> {
     }
 }
 
-/// deploy/'s manifests daemon mode applies, in order: the NAD CRD, plexus' RBAC, the daemon's
-/// RBAC, the daemon DaemonSet.
-pub const DAEMON_MODE_MANIFESTS: [&str; 4] = [
-    "nad-crd.yaml",
-    "rbac.yaml",
-    "rbac-daemon.yaml",
-    "plexus-daemon-daemonset.yaml",
-];
+/// The overlay a thin-mode node tier installs: `kubectl apply -k deploy/overlays/thin` (the NAD
+/// CRD, plexus' ServiceAccount and RBAC, the thin DaemonSet; see [`super::deploy`]).
+pub const THIN_OVERLAY: &str = "overlays/thin";
+
+/// The overlay a daemon-mode node tier installs: `kubectl apply -k deploy/overlays/daemon` (the
+/// base, the daemon's RBAC, the daemon DaemonSet).
+pub const DAEMON_OVERLAY: &str = "overlays/daemon";
+
+/// The namespace the node tiers find plexus' DaemonSets and ServiceAccount in: the one
+/// deploy/settings sets (checked by the `deploy` test), `kube-system`.
+pub const PLEXUS_NAMESPACE: &str = super::rig::PLEXUS_SA.0;
 
 /// A veth pair of the test's own, `name` and `<name>p`, both up (a macvlan NAD's master); list
 /// both among [`OverlayNode::start`]'s `links` so the node deletes them when it stops.
@@ -183,11 +186,12 @@ pub struct InstallSh {
     pub script: Option<PathBuf>,
 }
 
-/// DaemonSet `kube-system/<name>` as the API has it (`kubectl get -o json`).
+/// DaemonSet `<PLEXUS_NAMESPACE>/<name>` as the API has it (`kubectl get -o json`): the one
+/// the overlay applied.
 pub fn daemonset_json(cp: &ControlPlane, name: &str) -> Result<Value> {
     Ok(serde_json::from_str(&cp.kubectl(&[
         "-n",
-        "kube-system",
+        PLEXUS_NAMESPACE,
         "get",
         "daemonset",
         name,
@@ -196,8 +200,61 @@ pub fn daemonset_json(cp: &ControlPlane, name: &str) -> Result<Value> {
     ])?)?)
 }
 
+/// Import the plexus image archive `tar` into `node`'s containerd under every image reference
+/// the DaemonSet `ds` names (`plexus:<version>`, from deploy/settings): when the archive was
+/// tagged otherwise (e.g. `plexus:latest`), its image is tagged as the DaemonSet names it, so
+/// the pod runs that image and never pulls.
+pub fn import_plexus_image(node: &super::node::Node<'_>, tar: &Path, ds: &Value) -> Result<()> {
+    node.import_image(tar)?;
+    let have = node.ctr(&["images", "ls", "-q"])?;
+    let have: Vec<&str> = have.lines().map(str::trim).collect();
+    let spec = &ds["spec"]["template"]["spec"];
+    let mut wanted: Vec<String> = spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .chain(spec["containers"].as_array())
+        .flatten()
+        .filter_map(|c| c["image"].as_str().map(normalized_image))
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    for image in wanted {
+        if have.contains(&image.as_str()) {
+            continue;
+        }
+        let repo = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r);
+        let from = have
+            .iter()
+            .find(|h| h.starts_with(&format!("{repo}:")))
+            .with_context(|| {
+                format!("the image archive holds no {repo} image for {image}: {have:?}")
+            })?;
+        eprintln!("realk8s: the image archive is {from}; tagged {image} as the DaemonSet names it");
+        node.ctr(&["images", "tag", "--force", from, &image])?;
+    }
+    Ok(())
+}
+
+/// An image reference as containerd stores it: `plexus:0.1.0` → `docker.io/library/plexus:0.1.0`
+/// (`:latest` when untagged).
+pub fn normalized_image(image: &str) -> String {
+    let (name, tag) = match image.rsplit_once(':') {
+        Some((n, t)) if !t.contains('/') => (n.to_string(), t.to_string()),
+        _ => (image.to_string(), "latest".to_string()),
+    };
+    let first = name.split('/').next().unwrap_or("");
+    let name = if !name.contains('/') {
+        format!("docker.io/library/{name}")
+    } else if !(first.contains('.') || first.contains(':') || first == "localhost") {
+        format!("docker.io/{name}")
+    } else {
+        name
+    };
+    format!("{name}:{tag}")
+}
+
 impl InstallSh {
-    /// From container `container` of DaemonSet `kube-system/<daemonset>`; an error unless it
+    /// From container `container` of DaemonSet `<PLEXUS_NAMESPACE>/<daemonset>`; an error unless it
     /// runs `/install.sh`.
     pub fn from_daemonset(cp: &ControlPlane, daemonset: &str, container: &str) -> Result<Self> {
         let ds = daemonset_json(cp, daemonset)?;
