@@ -3,6 +3,8 @@
 #
 #  1. installs the plexus binaries into the host CNI bin dir: copy to a temp file in that dir, then
 #     rename over the old one; never written in place (a running binary gives "text file busy");
+#     `sriov` as --sriov-binary says (install, skip: the SR-IOV network operator's sriov-cni
+#     serves, auto), once per start: the watch loop never copies a binary;
 #  2. writes <conf-dir>/plexus.d/plexus.kubeconfig (0600, dir 0700) from the service account;
 #  3. writes the plexus CNI config (00-plexus.conflist/.conf) from the first primary CNI config:
 #     cniVersion (--cni-version, default auto: the primary's, with cniVersions adding 1.1.0 so
@@ -29,6 +31,7 @@ BINARIES=${PLEXUS_BINARIES:-plexus sriov}
 CONF_DIR=${PLEXUS_CONF_DIR:-/host/etc/cni/net.d}
 HOST_CONF_DIR=${PLEXUS_HOST_CONF_DIR:-/etc/cni/net.d}
 REPLACE_SRIOV_CNI=${PLEXUS_REPLACE_SRIOV_CNI:-false}
+SRIOV_BINARY=${PLEXUS_SRIOV_BINARY:-install}
 CONF_NAME=${PLEXUS_CONF_NAME:-auto}
 PRIMARY=${PLEXUS_PRIMARY:-auto}
 PRIMARY_WAIT=${PLEXUS_PRIMARY_WAIT_SECONDS:-120}
@@ -60,6 +63,20 @@ usage: install.sh [options]            (each option also has a PLEXUS_* environm
   --src-dir DIR             where the binaries to install are  [/usr/src/plexus/bin]
   --binaries "A B"          binaries to install                [plexus sriov]
   --skip-binaries           do not install binaries
+  --sriov-binary MODE       who owns <bin-dir>/sriov (docs/migrating.md, "Operator-managed
+                            clusters"; the SR-IOV network operator's config daemon copies its
+                            sriov-cni there at every start of its pod):
+                            install: plexus' sriov is installed. Another sriov plugin there
+                              (sriov-cni) stops the installer, unless PLEXUS_REPLACE_SRIOV_CNI=true
+                              (drain SR-IOV pods first): then it is replaced once; if another
+                              sriov plugin is back later (a DaemonSet that installs its own), the
+                              installer stops instead of overwriting it in turn
+                            skip: plexus never installs sriov; the one there (the operator's
+                              sriov-cni) serves plexus' SR-IOV NADs
+                            auto: plexus' sriov is installed where there is none or plexus' own;
+                              another sriov plugin is left in place (for mixed clusters)
+                            The watch loop never copies binaries; it logs when sriov changes
+                                                                                   [install]
   --conf-dir DIR            CNI conf dir, as mounted here      [/host/etc/cni/net.d]
   --host-conf-dir DIR       the same dir as the host sees it   [/etc/cni/net.d]
   --conf-name NAME          00-plexus.conflist, 00-plexus.conf, or auto
@@ -134,6 +151,7 @@ while [ "$#" -gt 0 ]; do
 	--src-dir) need_value "$@"; SRC_DIR=$2; shift ;;
 	--binaries) need_value "$@"; BINARIES=$2; shift ;;
 	--skip-binaries) SKIP_BINARIES=true ;;
+	--sriov-binary) need_value "$@"; SRIOV_BINARY=$2; shift ;;
 	--conf-dir) need_value "$@"; CONF_DIR=$2; shift ;;
 	--host-conf-dir) need_value "$@"; HOST_CONF_DIR=$2; shift ;;
 	--conf-name) need_value "$@"; CONF_NAME=$2; shift ;;
@@ -171,6 +189,14 @@ case $CNI_VERSION in
 auto | 0.1.0 | 0.2.0 | 0.3.0 | 0.3.1 | 0.4.0 | 1.0.0 | 1.1.0) ;;
 *) die "--cni-version must be auto or a CNI version plexus implements, 0.1.0 to 1.1.0 (got $CNI_VERSION)" ;;
 esac
+case $SRIOV_BINARY in
+install | skip | auto) ;;
+*) die "--sriov-binary must be install, skip or auto (got $SRIOV_BINARY)" ;;
+esac
+case $REPLACE_SRIOV_CNI in
+true | false) ;;
+*) die "PLEXUS_REPLACE_SRIOV_CNI must be true or false (got $REPLACE_SRIOV_CNI)" ;;
+esac
 case $PRIMARY_WAIT in '' | *[!0-9]*) die "--primary-wait must be whole seconds" ;; esac
 case $SETTLE in '' | *[!0-9]*) die "--uninstall-settle must be whole seconds" ;; esac
 command -v jq >/dev/null 2>&1 || die "jq is required"
@@ -207,9 +233,48 @@ hash_of() {
 
 # ---------------------------------------------------------------------------------------- binaries
 
+# Whether $1 is plexus' sriov (it names its state-dir variable; sriov-cni does not).
+is_plexus_sriov() {
+	grep -q PLEXUS_SRIOV_STATE_DIR "$1"
+}
+
+# Who provides <bin-dir>/sriov, in words for the log.
+sriov_owner() {
+	if [ ! -f "$1" ]; then
+		echo "none installed"
+	elif is_plexus_sriov "$1"; then
+		echo "plexus' sriov"
+	else
+		echo "another sriov plugin (sriov-cni?)"
+	fi
+}
+
+# Set by PLEXUS_REPLACE_SRIOV_CNI's replacement, kept until uninstall: a foreign sriov seen after
+# it was put back by someone else (a DaemonSet that installs sriov-cni at every start).
+SRIOV_REPLACED=$PLEXUS_D/sriov-replaced
+
+# Whether plexus installs $1 (a binary name) under --sriov-binary; says why not.
+wanted() {
+	[ "$1" = sriov ] || return 0
+	case $SRIOV_BINARY in
+	skip)
+		log "$BIN_DIR/sriov not installed (--sriov-binary skip): $(sriov_owner "$BIN_DIR/sriov")"
+		return 1
+		;;
+	auto)
+		if [ -f "$BIN_DIR/sriov" ] && ! is_plexus_sriov "$BIN_DIR/sriov"; then
+			log "$BIN_DIR/sriov is another sriov plugin (sriov-cni?); left in place (--sriov-binary auto): it serves plexus' SR-IOV NADs"
+			return 1
+		fi
+		;;
+	esac
+	return 0
+}
+
 install_binaries() {
 	mkdir -p "$BIN_DIR"
 	for b in $BINARIES; do
+		wanted "$b" || continue
 		src=$SRC_DIR/$b
 		dst=$BIN_DIR/$b
 		[ -f "$src" ] || die "binary $src not found"
@@ -219,9 +284,16 @@ install_binaries() {
 		fi
 		# Replacing sriov-cni's binary would strand the VFs it attached: their DEL would reach
 		# plexus' sriov, which does not know sriov-cni's state and could not restore them.
-		if [ "$b" = sriov ] && [ -f "$dst" ] && ! grep -q PLEXUS_SRIOV_STATE_DIR "$dst" &&
-			[ "$REPLACE_SRIOV_CNI" != true ]; then
-			die "$dst is another sriov plugin (sriov-cni?): drain SR-IOV pods from the node first, then set PLEXUS_REPLACE_SRIOV_CNI=true"
+		replacing=false
+		if [ "$b" = sriov ] && [ -f "$dst" ] && ! is_plexus_sriov "$dst"; then
+			[ "$REPLACE_SRIOV_CNI" = true ] ||
+				die "$dst is another sriov plugin (sriov-cni?): to replace it, drain SR-IOV pods from the node first, then set PLEXUS_REPLACE_SRIOV_CNI=true; to keep it (a node the SR-IOV network operator manages), set PLEXUS_SRIOV_BINARY=skip"
+			# Once only: a foreign sriov back after our replacement means another installer
+			# (the SR-IOV network operator's config daemon) owns the file; overwriting it again
+			# would start a loop in which each DaemonSet's restart strands the other's VFs.
+			[ ! -f "$SRIOV_REPLACED" ] ||
+				die "$dst is another sriov plugin again after plexus replaced one ($(cat "$SRIOV_REPLACED")): another DaemonSet installs it (the SR-IOV network operator?); not overwriting it in turn. Set PLEXUS_SRIOV_BINARY=skip to let it serve plexus, or stop the other installer and remove $SRIOV_REPLACED"
+			replacing=true
 		fi
 		# Same directory, so mv is a rename(2): atomic, and it works while the old binary is
 		# executing (writing into it would fail with ETXTBSY).
@@ -231,7 +303,19 @@ install_binaries() {
 		chmod 0755 "$tmp" || die "cannot chmod $tmp"
 		mv -f "$tmp" "$dst" || die "cannot rename $tmp to $dst"
 		log "installed $dst"
+		if [ "$replacing" = true ]; then
+			mkdir -p "$PLEXUS_D"
+			chmod 0700 "$PLEXUS_D"
+			printf 'replaced another sriov plugin at %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$SRIOV_REPLACED" ||
+				die "cannot write $SRIOV_REPLACED"
+			log "replaced another sriov plugin at $dst (PLEXUS_REPLACE_SRIOV_CNI=true); it will not be replaced again"
+		fi
 	done
+}
+
+# stat of <bin-dir>/sriov (or "absent"): the watch loop logs a change of owner, never copies.
+sriov_stat() {
+	stat -c '%i %s %Y' "$BIN_DIR/sriov" 2>/dev/null || echo absent
 }
 
 # -------------------------------------------------------------------------------------- kubeconfig
@@ -726,6 +810,10 @@ reconcile_due() {
 		log "node reconciler pass failed (exit $?)"
 }
 
+# Binaries are installed once per start, never from this loop: two DaemonSets that both copied
+# an sriov on a timer would overwrite each other forever. A change of sriov is only logged.
+case " $BINARIES " in *" sriov "*) WATCH_SRIOV=true ;; *) WATCH_SRIOV=false ;; esac
+SRIOV_SEEN=$(sriov_stat)
 log "watching every ${WATCH_INTERVAL}s"
 MISSING_LOGGED=false
 while :; do
@@ -734,6 +822,10 @@ while :; do
 	wait "$SLEEP_PID" || true
 	SLEEP_PID=
 	reconcile_due
+	if [ "$WATCH_SRIOV" = true ] && [ "$(sriov_stat)" != "$SRIOV_SEEN" ]; then
+		SRIOV_SEEN=$(sriov_stat)
+		log "$BIN_DIR/sriov changed: now $(sriov_owner "$BIN_DIR/sriov"); not reinstalled (--sriov-binary $SRIOV_BINARY; binaries are installed when this pod starts)"
+	fi
 	if [ "$SKIP_KUBECONFIG" = false ]; then
 		if [ "$(creds_hash)" != "$CREDS" ]; then
 			log "service account token or CA changed"

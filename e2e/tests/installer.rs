@@ -1124,3 +1124,271 @@ fn the_nad_policy_configmap_becomes_nad_policy_and_a_bad_one_is_never_published(
         "{stderr}"
     );
 }
+
+// ------------------------------------------------- coexistence with the SR-IOV network operator
+
+/// sriov-cni as the SR-IOV network operator's config daemon installs it (its image's entrypoint
+/// runs `cp -f /usr/bin/sriov /host/opt/cni/bin` in an init container at every start of the
+/// daemon's pod: in place, over whatever is there).
+const OPERATOR_SRIOV: &str = "#!/bin/sh\necho sriov-cni from the operator\n";
+
+/// A node whose source `sriov` is recognisably plexus' (it names its state-dir variable).
+fn operator_node() -> Node {
+    let node = Node::new();
+    fs::write(
+        node.path("src/sriov"),
+        "#!/bin/sh\n# plexus sriov, reads PLEXUS_SRIOV_STATE_DIR\n",
+    )
+    .expect("write");
+    node.put_conf("10-flannel.conflist", &flannel_conflist("1.0.0"));
+    node
+}
+
+/// What the operator's init container does to `<bin>/sriov`.
+fn operator_installs_sriov_cni(node: &Node) {
+    let dst = node.path("bin/sriov");
+    fs::create_dir_all(node.path("bin")).expect("mkdir");
+    // cp -f: truncate and write the existing file (same inode), or create it.
+    fs::write(&dst, OPERATOR_SRIOV).expect("cp -f");
+    fs::set_permissions(&dst, fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+fn bin_sriov(node: &Node) -> Option<String> {
+    fs::read_to_string(node.path("bin/sriov")).ok()
+}
+
+fn plexus_sriov(node: &Node) -> String {
+    fs::read_to_string(node.path("src/sriov")).expect("src sriov")
+}
+
+#[test]
+fn sriov_binary_skip_installs_no_sriov_and_lets_the_operators_serve() {
+    let node = operator_node();
+    // No sriov on the node yet: skip installs none (plexus still is installed).
+    let stderr = node.install(&["--sriov-binary", "skip"]);
+    assert!(bin_sriov(&node).is_none(), "{stderr}");
+    assert!(node.path("bin/plexus").exists());
+    assert!(
+        stderr.contains("sriov not installed (--sriov-binary skip): none installed"),
+        "{stderr}"
+    );
+    // The operator's sriov-cni is there: kept as it is, by the option and by the variable, and
+    // whatever PLEXUS_REPLACE_SRIOV_CNI says.
+    operator_installs_sriov_cni(&node);
+    let ino = fs::metadata(node.path("bin/sriov")).expect("stat").ino();
+    let stderr = node.install(&["--sriov-binary=skip"]);
+    assert!(
+        stderr.contains("another sriov plugin (sriov-cni?)"),
+        "{stderr}"
+    );
+    let out = node
+        .command(&[])
+        .env("PLEXUS_SRIOV_BINARY", "skip")
+        .env("PLEXUS_REPLACE_SRIOV_CNI", "true")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(bin_sriov(&node).as_deref(), Some(OPERATOR_SRIOV));
+    assert_eq!(
+        fs::metadata(node.path("bin/sriov")).expect("stat").ino(),
+        ino
+    );
+    // The config is the same as in the other modes: the NADs' "type": "sriov" runs that binary.
+    assert!(node.conf("00-plexus.conflist").exists());
+
+    // A mode that does not exist is refused before anything is done.
+    let fresh = operator_node();
+    let out = fresh.run(&["--sriov-binary", "operator"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--sriov-binary must be install, skip or auto (got operator)"),
+        "{stderr}"
+    );
+    assert!(!fresh.path("bin/plexus").exists());
+    let out = fresh
+        .command(&[])
+        .env("PLEXUS_REPLACE_SRIOV_CNI", "yes")
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "a typo is not consent");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be true or false"));
+}
+
+#[test]
+fn sriov_binary_auto_installs_where_free_and_defers_to_another_sriov() {
+    let node = operator_node();
+    let stderr = node.install(&["--sriov-binary", "auto"]);
+    assert_eq!(bin_sriov(&node), Some(plexus_sriov(&node)), "{stderr}");
+    // plexus' own is upgraded.
+    fs::write(
+        node.path("src/sriov"),
+        "#!/bin/sh\n# plexus sriov v2, reads PLEXUS_SRIOV_STATE_DIR\n",
+    )
+    .expect("write");
+    node.install(&["--sriov-binary", "auto"]);
+    assert_eq!(bin_sriov(&node), Some(plexus_sriov(&node)));
+    // The operator's daemon starts on the node and installs sriov-cni: plexus leaves it there
+    // at every later start (an upgrade included), without failing.
+    operator_installs_sriov_cni(&node);
+    for _ in 0..2 {
+        let out = node
+            .command(&[])
+            .env("PLEXUS_SRIOV_BINARY", "auto")
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("left in place (--sriov-binary auto)"),
+            "{stderr}"
+        );
+        assert_eq!(bin_sriov(&node).as_deref(), Some(OPERATOR_SRIOV));
+        fs::write(
+            node.path("src/sriov"),
+            "#!/bin/sh\n# plexus sriov v3, reads PLEXUS_SRIOV_STATE_DIR\n",
+        )
+        .expect("write");
+    }
+    assert!(node.path("bin/plexus").exists());
+}
+
+/// PLEXUS_REPLACE_SRIOV_CNI replaces another sriov once. When a second installer puts its own
+/// back (the operator's daemon pod restarting), plexus stops rather than overwrite it again: the
+/// two DaemonSets' restarts never take turns over the file.
+#[test]
+fn replacing_another_sriov_happens_once_so_two_installers_never_take_turns() {
+    let node = operator_node();
+    operator_installs_sriov_cni(&node);
+    let replace = |node: &Node| {
+        node.command(&[])
+            .env("PLEXUS_REPLACE_SRIOV_CNI", "true")
+            .output()
+            .expect("run")
+    };
+    let out = replace(&node);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("it will not be replaced again"), "{stderr}");
+    assert_eq!(bin_sriov(&node), Some(plexus_sriov(&node)));
+    let marker = node.conf("plexus.d/sriov-replaced");
+    assert!(marker.exists());
+
+    // Both DaemonSets restart a few times, in turn. The operator's copy is unconditional; plexus
+    // overwrote once and never again.
+    let mut plexus_overwrites = 0;
+    for _ in 0..3 {
+        operator_installs_sriov_cni(&node);
+        let out = replace(&node);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            plexus_overwrites += 1;
+        } else {
+            assert!(
+                stderr.contains("another sriov plugin again after plexus replaced one")
+                    && stderr.contains("PLEXUS_SRIOV_BINARY=skip"),
+                "{stderr}"
+            );
+        }
+        assert_eq!(bin_sriov(&node).as_deref(), Some(OPERATOR_SRIOV));
+    }
+    assert_eq!(plexus_overwrites, 0);
+    // The way out the message names: skip.
+    let out = node
+        .command(&[])
+        .env("PLEXUS_SRIOV_BINARY", "skip")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(bin_sriov(&node).as_deref(), Some(OPERATOR_SRIOV));
+    // plexus' own sriov is still upgraded without asking after that.
+    fs::write(node.path("bin/sriov"), plexus_sriov(&node) + "# old\n").expect("write");
+    node.install(&[]);
+    assert_eq!(bin_sriov(&node), Some(plexus_sriov(&node)));
+}
+
+/// The watch loop (the DaemonSet's container runs for the node's lifetime) never copies a
+/// binary: another sriov put over plexus' is reported, not overwritten, in every mode.
+#[test]
+fn the_watch_loop_never_copies_over_another_sriov() {
+    for mode in ["install", "auto", "skip"] {
+        let node = operator_node();
+        if mode == "skip" {
+            operator_installs_sriov_cni(&node);
+        }
+        let log = node.path("install.log");
+        let proc = Reaped(
+            node.command(&["--watch", "--watch-interval", "0.1", "--sriov-binary", mode])
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&log).expect("log"))
+                .spawn()
+                .expect("spawn"),
+        );
+        let read_log = || fs::read_to_string(&log).unwrap_or_default();
+        let limit = Duration::from_secs(10);
+        assert!(
+            wait_until(limit, || read_log().contains("watching every")),
+            "{mode}: {}",
+            read_log()
+        );
+        // The operator's daemon (re)starts: sriov-cni lands over whatever is there; then it is
+        // removed and put back, as a node's operator could.
+        fs::write(node.path("bin/sriov"), "#!/bin/sh\n# the operator's, v2\n").expect("write");
+        assert!(
+            wait_until(limit, || read_log().contains(
+                "sriov changed: now another sriov plugin (sriov-cni?); not reinstalled"
+            )),
+            "{mode}: {}",
+            read_log()
+        );
+        fs::remove_file(node.path("bin/sriov")).expect("rm");
+        assert!(
+            wait_until(limit, || read_log()
+                .contains("sriov changed: now none installed")),
+            "{mode}: {}",
+            read_log()
+        );
+        operator_installs_sriov_cni(&node);
+        // Many passes later, still the operator's.
+        std::thread::sleep(Duration::from_millis(800));
+        assert_eq!(bin_sriov(&node).as_deref(), Some(OPERATOR_SRIOV), "{mode}");
+        assert_eq!(
+            read_log().matches("plexus-install: installed ").count(),
+            if mode == "skip" { 1 } else { 2 },
+            "{mode}: binaries installed at start only: {}",
+            read_log()
+        );
+        drop(proc);
+    }
+}
+
+#[test]
+fn help_documents_the_sriov_binary_modes() {
+    let out = Command::new("sh")
+        .arg(script())
+        .arg("--help")
+        .output()
+        .expect("help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let at = help
+        .find("--sriov-binary MODE")
+        .expect("--sriov-binary in --help");
+    let section = &help[at..];
+    for word in [
+        "install:",
+        "skip:",
+        "auto:",
+        "PLEXUS_REPLACE_SRIOV_CNI",
+        "[install]",
+    ] {
+        assert!(section.contains(word), "{word}: {section}");
+    }
+}
