@@ -565,7 +565,7 @@ impl<'a> Tier<'a> {
     /// none of their objects is left in the API (the ServiceAccount, RBAC, DaemonSets, the NAD
     /// CRD and with it every NAD). Then the NAD CRD and the two NADs again, for the peer's
     /// case that follows.
-    fn delete_from_the_cluster(&mut self) -> Result<()> {
+    fn delete_from_the_cluster(&self) -> Result<()> {
         for dir in ["uninstall", DAEMON_OVERLAY, THIN_OVERLAY] {
             self.cp.delete_kustomization(dir)?;
         }
