@@ -24,10 +24,11 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 SELF=$REPO/scripts/build-image.sh
 
 # What the image holds from Debian (plus their Depends, resolved by apt). Every command
-# deploy/install.sh runs: sh (dash), coreutils (cp mv cmp dd sha256sum cut base64 tr mkdir rm
-# sleep cat date chmod head sort wc timeout), grep, find (findutils), jq; libc6 and libgcc-s1
-# for the dynamically linked binaries; base-files for the directory layout and /etc/os-release.
-BASE_PACKAGES="base-files coreutils dash findutils grep jq libc6 libgcc-s1"
+# deploy/install.sh runs: sh (dash), coreutils (cp mv dd sha256sum cut base64 tr mkdir rm sleep
+# cat date chmod head sort wc stat timeout), cmp (diffutils), grep, find (findutils), jq; libc6
+# and libgcc-s1 for the dynamically linked binaries; base-files for the directory layout and
+# /etc/os-release. e2e/tests/image_build.rs checks each program is there.
+BASE_PACKAGES="base-files coreutils dash diffutils findutils grep jq libc6 libgcc-s1"
 # The files of layer 2 (image path, source); tests/image_build.rs compares them with the
 # Dockerfile's COPY lines.
 BINARIES="plexus plexus-daemon plexus-shim sriov"

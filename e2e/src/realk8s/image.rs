@@ -134,7 +134,7 @@ fn repo_root() -> PathBuf {
 
 /// The fully qualified reference of the plexus image as the manifests under `deploy/` name it:
 /// `PLEXUS_IMAGE_REF` if set; else a kustomization's `images:` entry for `plexus`
-/// (`newName`/`newTag`); else the `image:` of deploy/plexus-daemonset.yaml; else
+/// (`newName`/`newTag`: deploy/settings, the one place the manifests set it); else
 /// `plexus:<workspace version>`.
 pub fn image_ref() -> Result<String> {
     if let Ok(r) = std::env::var("PLEXUS_IMAGE_REF") {
@@ -147,14 +147,6 @@ pub fn image_ref() -> Result<String> {
     for k in &kustomizations {
         let text = std::fs::read_to_string(k)?;
         if let Some(r) = kustomize_image(&text, "plexus") {
-            return Ok(normalize_ref(&r));
-        }
-    }
-    if let Ok(text) = std::fs::read_to_string(deploy.join("plexus-daemonset.yaml")) {
-        if let Some(r) = text.lines().find_map(|l| {
-            let v = l.trim().strip_prefix("image:")?.trim();
-            (repository(v) == "plexus").then(|| v.to_string())
-        }) {
             return Ok(normalize_ref(&r));
         }
     }
@@ -179,19 +171,12 @@ fn find_files(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The last path component of a reference's repository (`registry/x/plexus:1` → `plexus`).
-fn repository(reference: &str) -> &str {
-    let name = reference.split('@').next().unwrap_or(reference);
-    let last = name.rsplit('/').next().unwrap_or(name);
-    last.split(':').next().unwrap_or(last)
-}
-
 /// The reference a kustomization's `images:` list gives image `name` (`newName`, `newTag`,
 /// `digest` applied), if it has an entry for it. Line-based: the list as kustomize writes it.
 fn kustomize_image(text: &str, name: &str) -> Option<String> {
+    // The entries of the `images:` list: (name, newName, newTag).
+    let mut entries: Vec<(String, Option<String>, Option<String>)> = Vec::new();
     let mut in_images = false;
-    let mut entry: Option<(String, Option<String>, Option<String>)> = None;
-    let mut found = None;
     for line in text.lines() {
         let t = line.trim();
         if !line.starts_with(' ') && !line.starts_with('-') && !t.is_empty() {
@@ -201,33 +186,28 @@ fn kustomize_image(text: &str, name: &str) -> Option<String> {
         if !in_images {
             continue;
         }
-        let t = t.strip_prefix("- ").map(|s| {
-            if let Some(e) = entry.take() {
-                found = found.clone().or(finish_entry(e, name));
+        let t = match t.strip_prefix("- ") {
+            Some(rest) => {
+                entries.push((String::new(), None, None));
+                rest
             }
-            entry = Some((String::new(), None, None));
-            s
-        });
-        let t = t.unwrap_or(line.trim());
-        let Some((k, v)) = t.split_once(':') else {
+            None => t,
+        };
+        let (Some((k, v)), Some(e)) = (t.split_once(':'), entries.last_mut()) else {
             continue;
         };
         let v = v.trim().trim_matches('"').trim_matches('\'').to_string();
-        if let Some(e) = entry.as_mut() {
-            match k.trim() {
-                "name" => e.0 = v,
-                "newName" => e.1 = Some(v),
-                "newTag" => e.2 = Some(v),
-                _ => {}
-            }
+        match k.trim() {
+            "name" => e.0 = v,
+            "newName" => e.1 = Some(v),
+            "newTag" => e.2 = Some(v),
+            _ => {}
         }
     }
-    if let Some(e) = entry {
-        found = found.or(finish_entry(e, name));
-    }
-    found
+    entries.into_iter().find_map(|e| finish_entry(e, name))
 }
 
+/// The reference of one `images:` entry, if it is image `name`'s.
 fn finish_entry(
     (n, new_name, new_tag): (String, Option<String>, Option<String>),
     name: &str,
@@ -428,7 +408,6 @@ mod tests {
             normalize_ref("registry.example:5000/x/plexus"),
             "registry.example:5000/x/plexus:latest"
         );
-        assert_eq!(repository("registry:5000/x/plexus:1"), "plexus");
     }
 
     #[test]
@@ -440,5 +419,11 @@ mod tests {
         );
         assert_eq!(kustomize_image(k, "pause").as_deref(), Some("pause:3"));
         assert_eq!(kustomize_image("images:\n- name: other\n", "plexus"), None);
+        // deploy/settings' style: the list indented, the tag quoted.
+        let k = "kind: Component\nimages:\n  - name: plexus\n    newTag: \"0.1.0\"\n";
+        assert_eq!(
+            kustomize_image(k, "plexus").as_deref(),
+            Some("plexus:0.1.0")
+        );
     }
 }
