@@ -158,7 +158,10 @@ T0=$(date +%s)
 if [ -z "$BIN_DIR" ]; then
 	if [ -x "$REPO/scripts/release-build.sh" ]; then
 		log "building the release binaries (scripts/release-build.sh)"
-		BIN_DIR=$("$REPO/scripts/release-build.sh" | tail -n 1)
+		# What `--version` prints (build-support/build_info.rs), unless the caller set it.
+		BIN_DIR=$(PLEXUS_BUILD_COMMIT=${PLEXUS_BUILD_COMMIT:-$REVISION} \
+			PLEXUS_BUILD_DATE=${PLEXUS_BUILD_DATE:-$CREATED} \
+			"$REPO/scripts/release-build.sh" | tail -n 1)
 	else
 		log "building the release binaries (cargo build --release)"
 		(cd "$REPO" && cargo build --release --locked -p plexus-meta -p plexus-sriov -p plexus-shim --bins >&2)
