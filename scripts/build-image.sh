@@ -220,6 +220,8 @@ elif [ -n "$CACHE_DIR" ]; then
 	# A concurrent build may have stored the same key: keep the first.
 	mv -T "$WORK/base" "$CACHE_DIR/base-$KEY" 2>/dev/null || true
 	BASE=$CACHE_DIR/base-$KEY
+	# One entry per SOURCE_DATE_EPOCH (commit): keep the newest three.
+	ls -dt "$CACHE_DIR"/base-* | tail -n +4 | while read -r old; do rm -rf "$old"; done
 else
 	base_layer "$WORK/base"
 	BASE=$WORK/base
