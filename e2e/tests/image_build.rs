@@ -12,7 +12,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use plexus_e2e::realk8s::image::{self, IMAGE_BINARIES};
 use serde_json::Value;
@@ -49,7 +48,7 @@ const INSTALLER_PROGRAMS: &[&str] = &[
     "stat",
 ];
 
-/// One build, shared by the tests: the archive, unpacked.
+/// One build, shared by the checks: the archive, unpacked (removed on drop).
 struct Built {
     _dir: tempfile::TempDir,
     archive: PathBuf,
@@ -60,9 +59,8 @@ struct Built {
     root: PathBuf,
 }
 
-fn built() -> &'static Built {
-    static BUILT: OnceLock<Built> = OnceLock::new();
-    BUILT.get_or_init(|| {
+fn build() -> Built {
+    {
         let dir = tempfile::tempdir().expect("tempdir");
         let bins: Vec<(&str, PathBuf)> = IMAGE_BINARIES
             .iter()
@@ -91,7 +89,18 @@ fn built() -> &'static Built {
             layout,
             root,
         }
-    })
+    }
+}
+
+/// One build (a static would never be dropped and would leave its files in /tmp), then each
+/// check in turn.
+#[test]
+fn installer_image_built_by_the_script() {
+    let b = build();
+    dockerfile_and_script_put_the_same_files_in_the_image(&b);
+    archive_is_an_oci_layout_whose_digests_match(&b);
+    installer_and_binaries_run_in_the_image_root(&b);
+    builds_with_and_without_the_cache_are_the_same_bytes(&b);
 }
 
 fn s(p: &Path) -> &str {
@@ -222,9 +231,7 @@ fn layer_files(layer: &Path) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
-#[test]
-fn dockerfile_and_script_put_the_same_files_in_the_image() {
-    let b = built();
+fn dockerfile_and_script_put_the_same_files_in_the_image(b: &Built) {
     let stage = dockerfile_final_stage();
     let layers = manifest(&b.layout)["layers"].as_array().unwrap().clone();
     assert_eq!(layers.len(), 2, "a Debian layer, then plexus'");
@@ -260,9 +267,7 @@ fn dockerfile_and_script_put_the_same_files_in_the_image() {
     assert!(packages.contains("libc6") && packages.contains("dash"));
 }
 
-#[test]
-fn archive_is_an_oci_layout_whose_digests_match() {
-    let b = built();
+fn archive_is_an_oci_layout_whose_digests_match(b: &Built) {
     let l = &b.layout;
     let layout: Value = json_file(&l.join("oci-layout"));
     assert_eq!(layout["imageLayoutVersion"], "1.0.0");
@@ -334,9 +339,7 @@ fn archive_is_an_oci_layout_whose_digests_match() {
     assert_eq!(inspect["Layers"].as_array().unwrap().len(), 2);
 }
 
-#[test]
-fn installer_and_binaries_run_in_the_image_root() {
-    let b = built();
+fn installer_and_binaries_run_in_the_image_root(b: &Built) {
     let root = s(&b.root);
     for p in INSTALLER_PROGRAMS {
         let found = run(
@@ -376,9 +379,7 @@ fn installer_and_binaries_run_in_the_image_root() {
     assert_eq!(link, Path::new("/run"));
 }
 
-#[test]
-fn builds_with_and_without_the_cache_are_the_same_bytes() {
-    let b = built();
+fn builds_with_and_without_the_cache_are_the_same_bytes(b: &Built) {
     let dir = tempfile::tempdir().unwrap();
     // From the cache (plexus_image's), then with a Debian layer bootstrapped afresh.
     let bins: Vec<(&str, PathBuf)> = IMAGE_BINARIES
