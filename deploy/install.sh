@@ -20,7 +20,8 @@
 #  (those pods are deleted or drained; their DEL still runs through plexus), then removes the
 #  config, the binaries, plexus.d, the state dir and the runtime's result cache of plexus' network.
 #
-# Needs: sh, coreutils (cp, mv, cmp, dd, sha256sum, base64), jq. See deploy/README.md.
+# Needs: sh, coreutils (cp, mv, dd, sha256sum, base64, cut, tr, head, sort, wc, stat, timeout),
+# diffutils (cmp), grep, findutils (find), jq. See deploy/README.md and docs/image.md.
 set -eu
 
 export LC_ALL=C # byte-order globbing, like libcni's sort.Strings

@@ -6,7 +6,8 @@ set -euo pipefail
 # containerd, runc, iptables (portmap), libc6-dev (gcc -static: the pause image): the node tier.
 # iputils-ping: traffic checks across the interfaces plexus makes.
 packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils
-  containerd runc iptables libc6-dev iputils-ping conmon skopeo libsqlite3-0) # the last three: the CRI-O tier
+  containerd runc iptables libc6-dev iputils-ping conmon skopeo libsqlite3-0 # conmon..: the CRI-O tier
+  mmdebstrap) # scripts/build-image.sh: the installer image the node tiers and image_build run
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
