@@ -40,7 +40,7 @@ if [ ! -x "$zig" ] || [ "$("$zig" version 2>/dev/null)" != "$ZIGLANG_VERSION" ];
 	fi
 	log "installing zig $ZIGLANG_VERSION (PyPI ziglang) into $zig_home"
 	rm -rf "$zig_home"
-	python3 -m pip install --quiet --no-input --disable-pip-version-check --no-deps \
+	python3 -m pip install --quiet --no-input --disable-pip-version-check --root-user-action=ignore --no-deps \
 		--target "$zig_home" "ziglang==$ZIGLANG_VERSION" >&2
 fi
 export CARGO_ZIGBUILD_ZIG_PATH=$zig
