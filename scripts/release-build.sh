@@ -44,6 +44,15 @@ if [ ! -x "$zig" ] || [ "$("$zig" version 2>/dev/null)" != "$ZIGLANG_VERSION" ];
 		--target "$zig_home" "ziglang==$ZIGLANG_VERSION" >&2
 fi
 export CARGO_ZIGBUILD_ZIG_PATH=$zig
+# build-support/build_info.rs: no packed relocations below glibc 2.36; the commit and date that
+# `--version` prints (from git when the caller did not set them, e.g. the Dockerfile's build args).
+export PLEXUS_GLIBC_FLOOR=$GLIBC_FLOOR
+if [ -z "${PLEXUS_BUILD_COMMIT:-}" ] && git rev-parse --git-dir >/dev/null 2>&1; then
+	PLEXUS_BUILD_COMMIT=$(git rev-parse --short=12 HEAD)
+	git diff --quiet HEAD -- 2>/dev/null || PLEXUS_BUILD_COMMIT=$PLEXUS_BUILD_COMMIT-dirty
+	PLEXUS_BUILD_DATE=${PLEXUS_BUILD_DATE:-$(git log -1 --format=%cd --date=format:%Y-%m-%d)}
+fi
+export PLEXUS_BUILD_COMMIT=${PLEXUS_BUILD_COMMIT:-} PLEXUS_BUILD_DATE=${PLEXUS_BUILD_DATE:-}
 
 if [ "$(cargo-zigbuild --version 2>/dev/null)" != "cargo-zigbuild $CARGO_ZIGBUILD_VERSION" ]; then
 	log "installing cargo-zigbuild $CARGO_ZIGBUILD_VERSION"

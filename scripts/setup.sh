@@ -7,6 +7,7 @@ set -euo pipefail
 # iputils-ping: traffic checks across the interfaces plexus makes.
 packages=(containernetworking-plugins iproute2 jq curl ca-certificates gcc pkg-config etcd-server util-linux xz-utils
   containerd runc iptables libc6-dev iputils-ping conmon skopeo libsqlite3-0 # conmon..: the CRI-O tier
+  python3-pip # the ziglang package (scripts/release-build.sh: binaries for glibc 2.28)
   mmdebstrap) # scripts/build-image.sh: the installer image the node tiers and image_build run
 missing=()
 for p in "${packages[@]}"; do

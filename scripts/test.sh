@@ -18,6 +18,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # cases; first, since it shares target/ and the build below puts this tree's binaries back.
 PLEXUS_PREV_BIN="${PLEXUS_PREV_BIN:-$(bash scripts/prev-build.sh)}"
 export PLEXUS_PREV_BIN
+# The host binaries as shipped (glibc >= 2.28, docs/compatibility.md "Host binaries"): checked by
+# release_binaries, and carried by the installer image the node tiers run (scripts/build-image.sh).
+PLEXUS_RELEASE_DIR="${PLEXUS_RELEASE_DIR:-$(bash scripts/release-build.sh | tail -n 1)}"
+export PLEXUS_RELEASE_DIR
 # Every binary, built once up front (the e2e tests link their own copies through e2e-bin/; this
 # build is what the demo and a manual run use, and it fails fast on a build error).
 cargo build --workspace --bins --locked

@@ -272,10 +272,12 @@ fn run(bin: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Result<S
     Ok(stdout)
 }
 
-/// Runs the shipped binary `name` the way it is cheapest to start, checking what it prints.
+/// Runs the shipped binary `name` the way it is cheapest to start, checking what it prints: a
+/// release build's version line names its commit (scripts/release-build.sh records it).
 fn check_runs(name: &str, bin: &Path) -> Result<(), String> {
-    let version = |out: String, prefix: &str| {
-        if out.starts_with(prefix) {
+    let version = |out: String, program: &str| {
+        let prefix = format!("{program} {} (commit ", env!("CARGO_PKG_VERSION"));
+        if out.starts_with(&prefix) {
             Ok(())
         } else {
             Err(format!("{name}: expected {prefix:?}…, got {out:?}"))
@@ -297,14 +299,14 @@ fn check_runs(name: &str, bin: &Path) -> Result<(), String> {
     };
     match name {
         "plexus" => {
-            version(run(bin, &["version"], &[], "")?, "plexus ")?;
+            version(run(bin, &["version"], &[], "")?, "plexus")?;
             cni_version()
         }
         "sriov" => {
-            version(run(bin, &["version"], &[], "")?, "sriov ")?;
+            version(run(bin, &["version"], &[], "")?, "sriov")?;
             cni_version()
         }
-        "plexus-daemon" => version(run(bin, &["--help"], &[], "")?, "usage: plexus daemon"),
+        "plexus-daemon" => version(run(bin, &["--version"], &[], "")?, "plexus-daemon"),
         "plexus-shim" => cni_version(),
         _ => Err(format!("no run check for {name}")),
     }
