@@ -1,7 +1,8 @@
 //! Daemon mode against a real kube-apiserver + etcd (`plexus_e2e::realk8s`): `plexus daemon`
-//! with the `kube-system/plexus` token (deploy/rbac.yaml + deploy/rbac-daemon.yaml applied as
-//! they are) watches the node's pods and the NADs; `plexus-shim` (the config's type, as the
-//! daemon DaemonSet installs it) forwards CNI calls to it.
+//! with the `kube-system/plexus` token (deploy/base/rbac.yaml +
+//! deploy/components/daemon/rbac-daemon.yaml applied as they are) watches the node's pods and
+//! the NADs; `plexus-shim` (the config's type, as the daemon DaemonSet installs it) forwards CNI
+//! calls to it.
 //! Checks: readiness after the first sync, ADD = the network-status PATCH (+ one event) and
 //! DEL = 0 requests once cached, a pod created right before its ADD, the API down with a warm
 //! cache (the status converges once it is back), a daemon restart, a NAD changed between ADD
@@ -114,7 +115,11 @@ struct Node<'a> {
 impl<'a> Node<'a> {
     fn new(cp: &'a ControlPlane) -> Result<Node<'a>> {
         let rig = Rig::builder()
-            .deploy(&["nad-crd.yaml", "rbac.yaml", "rbac-daemon.yaml"])
+            .deploy(&[
+                "base/nad-crd.yaml",
+                "base/rbac.yaml",
+                "components/daemon/rbac-daemon.yaml",
+            ])
             .namespaces(&["db"])
             .plexus_token(PlexusToken::Unbound)
             .build(cp)?;

@@ -246,7 +246,7 @@ pub fn check(
             Err(e) => tracing::warn!(
                 pod = %me.key(),
                 error = %e,
-                "cannot list the namespace's pods: static addresses checked on this node only (thin mode needs deploy/rbac-fixed-ips.yaml)"
+                "cannot list the namespace's pods: static addresses checked on this node only (thin mode needs deploy/components/fixed-ips)"
             ),
         }
     }

@@ -166,7 +166,7 @@ pub struct HostPolicy {
     pub mode: Mode,
     /// `<namespace>.<kind>` (or `_all.<kind>`) → comma-separated allowances; the same keys
     /// and values as the `plexus-nad-policy` ConfigMap the admission policy reads
-    /// (`deploy/admission/nad-policy.yaml`).
+    /// (`deploy/components/nad-policy/nad-policy.yaml`).
     #[serde(default)]
     pub allow: BTreeMap<String, String>,
 }

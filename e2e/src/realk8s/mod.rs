@@ -378,8 +378,8 @@ impl ControlPlane {
         self.kubectl(&["apply", "-f", &p])
     }
 
-    /// The AddressClaims of network `ns/network` (the CRD of `deploy/address-claim-crd.yaml`,
-    /// in the NAD's namespace `ns`), read as the admin: `(address, pod name, pod UID, node)`.
+    /// The AddressClaims of network `ns/network` (the CRD of
+    /// `deploy/components/fixed-ips/address-claim-crd.yaml`, in the NAD's namespace `ns`), read as the admin: `(address, pod name, pod UID, node)`.
     pub fn address_claims(
         &self,
         ns: &str,

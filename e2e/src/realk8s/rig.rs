@@ -18,7 +18,7 @@
 //! use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
 //! # fn f(cp: &plexus_e2e::realk8s::ControlPlane) -> anyhow::Result<()> {
 //! let rig = Rig::builder()
-//!     .deploy(&["nad-crd.yaml", "rbac.yaml"])
+//!     .deploy(&["base/nad-crd.yaml", "base/rbac.yaml"])
 //!     .namespaces(&["db"])
 //!     .plexus_token(PlexusToken::Unbound)
 //!     .build(cp)?;
@@ -34,7 +34,8 @@ use serde_json::json;
 
 use super::{ControlPlane, Proc};
 
-/// Namespace and name of plexus' ServiceAccount (deploy/rbac.yaml).
+/// Namespace and name of plexus' ServiceAccount (deploy/base/rbac.yaml, in the namespace
+/// deploy/settings sets).
 pub const PLEXUS_SA: (&str, &str) = ("kube-system", "plexus");
 
 /// Which token plexus' kubeconfig carries.

@@ -90,7 +90,7 @@ impl Inputs for ApiInputs {
                     .collect(),
             ),
             Ok(Err(e)) => {
-                tracing::warn!(namespace = %ns, error = %e, "cannot list the namespace's NADs (thin mode: deploy/rbac-fixed-ips.yaml)");
+                tracing::warn!(namespace = %ns, error = %e, "cannot list the namespace's NADs (thin mode: deploy/components/fixed-ips)");
                 None
             }
             Err(e) => {

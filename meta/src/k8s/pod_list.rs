@@ -1,6 +1,7 @@
 //! LIST the pods of a namespace with only what the address guard reads: name, UID, phase,
 //! deletion, and the network-status annotation (one request; RBAC `list` on pods, granted by
-//! `deploy/rbac-fixed-ips.yaml` in thin mode and `deploy/rbac-daemon.yaml` in daemon mode).
+//! `deploy/components/fixed-ips/rbac-fixed-ips.yaml` in thin mode and
+//! `deploy/components/daemon/rbac-daemon.yaml` in daemon mode).
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
