@@ -7,18 +7,14 @@
 
 mod common;
 
+use common::fake_pf::*;
 use common::*;
 use plexus_e2e::{Access, TestApiServer, TestApiServerOptions};
-use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
 use plexus_sriov::pf::VfConfig;
-use plexus_sriov::pf_fake::{FakePfState, FilePf};
+use plexus_sriov::pf_fake::FilePf;
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-
-const PF: &str = "enp175s0f1";
-const PF_PCI: &str = "0000:af:00.1";
-const VF0: &str = "0000:af:06.0";
 
 fn fixture(file: &str) -> Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -58,39 +54,8 @@ struct Rig {
 
 impl Rig {
     fn new(ipam_addr: &str) -> Rig {
-        let host = Netns::new();
         let dir = tempfile::tempdir().unwrap();
-        host.ip(&[
-            "link",
-            "add",
-            "vf0",
-            "address",
-            "02:00:00:00:00:10",
-            "mtu",
-            "1500",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vf0p",
-        ]);
-        host.ip(&["link", "set", "vf0p", "up"]);
-        FakeSysfs::new(&dir.path().join("sys"))
-            .add_pf(PF_PCI, PF, &[FakeVf::netdev(VF0, "vf0")])
-            .unwrap();
-        let mut st = FakePfState::with_pf(PF, 1);
-        st.pfs.get_mut(PF).unwrap()[0].mac = "02:aa:00:00:00:00".parse().unwrap();
-        FilePf::create(&dir.path().join("pf.json"), &st).unwrap();
-        let bindir = dir.path().join("bin");
-        std::fs::create_dir_all(&bindir).unwrap();
-        let wrapper = format!(
-            "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
-            host.name,
-            bin("sriov-fake-pf").display()
-        );
-        std::fs::write(bindir.join("sriov"), wrapper).unwrap();
-        std::fs::set_permissions(bindir.join("sriov"), std::fs::Permissions::from_mode(0o755))
-            .unwrap();
+        let (host, bindir) = fake_pf_host(dir.path());
         for stub in ["host-local", "whereabouts"] {
             recording_ipam(&bindir, stub, ipam_addr);
         }

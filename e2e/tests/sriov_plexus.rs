@@ -6,16 +6,13 @@
 
 mod common;
 
+use common::fake_pf::*;
 use common::*;
 use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
-use plexus_sriov::fake_sysfs::{FakeSysfs, FakeVf};
-use plexus_sriov::pf_fake::{FakePfState, FilePf};
+use plexus_sriov::fake_sysfs::FakeSysfs;
+use plexus_sriov::pf_fake::FilePf;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-
-const PF: &str = "enp175s0f1";
-const PF_PCI: &str = "0000:af:00.1";
-const VF0: &str = "0000:af:06.0";
 
 struct Rig {
     extra: Value,
@@ -27,42 +24,8 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let host = Netns::new();
         let dir = tempfile::tempdir().unwrap();
-        host.ip(&[
-            "link",
-            "add",
-            "vf0",
-            "address",
-            "02:00:00:00:00:10",
-            "mtu",
-            "1500",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vf0p",
-        ]);
-        host.ip(&["link", "set", "vf0p", "up"]);
-        FakeSysfs::new(&dir.path().join("sys"))
-            .add_pf(PF_PCI, PF, &[FakeVf::netdev(VF0, "vf0")])
-            .unwrap();
-        let mut st = FakePfState::with_pf(PF, 1);
-        st.pfs.get_mut(PF).unwrap()[0].mac = "02:aa:00:00:00:00".parse().unwrap();
-        FilePf::create(&dir.path().join("pf.json"), &st).unwrap();
-        let bindir = dir.path().join("bin");
-        std::fs::create_dir_all(&bindir).unwrap();
-        let wrapper = format!(
-            "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
-            host.name,
-            bin("sriov-fake-pf").display()
-        );
-        std::fs::write(bindir.join("sriov"), wrapper).unwrap();
-        std::fs::set_permissions(
-            bindir.join("sriov"),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let (host, _) = fake_pf_host(dir.path());
         let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
         api.add_token("t", Access::Full);
         api.write_kubeconfig(&dir.path().join("kubeconfig"), "t")

@@ -2,6 +2,7 @@
 //! running the real `plexus` binary with the CNI protocol, and reading kernel state with `ip -j`.
 #![allow(dead_code)]
 
+pub mod fake_pf;
 pub mod raw_api;
 pub mod transfer;
 
