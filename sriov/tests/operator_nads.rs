@@ -8,10 +8,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use common::*;
 use plexus_sriov::netconf::{self, Purpose};
@@ -258,58 +256,19 @@ fn use_real_static(env: &Env) {
     std::os::unix::fs::symlink(real, &p).unwrap();
 }
 
-/// Runs the real `sriov` (fake PF build) in the host netns; returns (ok, stdout JSON, stderr).
-fn sriov(
-    env: &Env,
-    cmd: &str,
-    cid: &str,
-    netns: &str,
-    conf: &Value,
-    extra: &[(&str, &Path)],
-) -> (bool, Value, String) {
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        &env.host.name,
-        env!("CARGO_BIN_EXE_sriov-fake-pf"),
-    ])
-    .env_clear()
-    .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-    .env("CNI_COMMAND", cmd)
-    .env("CNI_CONTAINERID", cid)
-    .env("CNI_IFNAME", "net1")
-    .env("CNI_NETNS", netns)
-    .env("CNI_PATH", env.cni_path())
-    .env("PLEXUS_SYSFS_ROOT", env.sysfs())
-    .env("PLEXUS_SRIOV_STATE_DIR", env.state_dir())
-    .env("PLEXUS_SRIOV_FAKE_PF", env.fake_pf())
-    // Never the node's /var/log/plexus-sriov.
-    .env("PLEXUS_SRIOV_LOG_DIR", env.dir.path().join("log"))
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    for (k, v) in extra {
-        c.env(k, v);
-    }
-    let mut child = c.spawn().expect("spawn sriov");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().expect("wait sriov");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let v = if stdout.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout {stdout:?}: {e}"))
-    };
-    (
-        out.status.success(),
-        v,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+/// Runs the real `sriov` (fake PF build) in the host netns on `net1`, logging under the
+/// test's own directory (never the node's /var/log/plexus-sriov); returns (ok, stdout JSON,
+/// stderr).
+fn sriov(env: &Env, cmd: &str, cid: &str, netns: &str, conf: &Value) -> (bool, Value, String) {
+    let log_dir = env.dir.path().join("log");
+    let log_dir = log_dir.to_str().unwrap();
+    env.sriov_output(
+        cmd,
+        cid,
+        "net1",
+        netns,
+        conf,
+        &[("PLEXUS_SRIOV_LOG_DIR", log_dir)],
     )
 }
 
@@ -338,7 +297,7 @@ fn each_fixture_adds_checks_and_dels_through_the_sriov_binary() {
         keep_logs_local(&mut conf, &env);
         let cid = format!("c-{}", e.file.trim_end_matches(".json"));
 
-        let (ok, res, stderr) = sriov(&env, "ADD", &cid, &env.pod.path(), &conf, &[]);
+        let (ok, res, stderr) = sriov(&env, "ADD", &cid, &env.pod.path(), &conf);
         assert!(ok, "{} ADD: {res}\n{stderr}", e.file);
         assert_eq!(res["cniVersion"], "1.0.0", "{}", e.file);
         assert_eq!(res["interfaces"][0]["name"], "net1");
@@ -394,10 +353,10 @@ fn each_fixture_adds_checks_and_dels_through_the_sriov_binary() {
 
         let mut chk = conf.clone();
         chk["prevResult"] = res.clone();
-        let (ok, out, stderr) = sriov(&env, "CHECK", &cid, &env.pod.path(), &chk, &[]);
+        let (ok, out, stderr) = sriov(&env, "CHECK", &cid, &env.pod.path(), &chk);
         assert!(ok, "{} CHECK: {out}\n{stderr}", e.file);
 
-        let (ok, out, stderr) = sriov(&env, "DEL", &cid, &env.pod.path(), &conf, &[]);
+        let (ok, out, stderr) = sriov(&env, "DEL", &cid, &env.pod.path(), &conf);
         assert!(ok, "{} DEL: {out}\n{stderr}", e.file);
         assert_eq!(
             env.link(&env.host.name, &name).as_ref(),
@@ -417,7 +376,7 @@ fn each_fixture_adds_checks_and_dels_through_the_sriov_binary() {
             );
         }
         // DEL again: idempotent.
-        let (ok, out, _) = sriov(&env, "DEL", &cid, &env.pod.path(), &conf, &[]);
+        let (ok, out, _) = sriov(&env, "DEL", &cid, &env.pod.path(), &conf);
         assert!(ok, "{} second DEL: {out}", e.file);
     }
 }
@@ -442,7 +401,7 @@ fn log_file_outside_the_sriov_log_dir_is_refused_and_never_written() {
         use std::os::unix::fs::MetadataExt;
         (m.ino(), m.size(), m.mtime_nsec())
     });
-    let (ok, res, stderr) = sriov(&env, "ADD", "c-log", &env.pod.path(), &conf, &[]);
+    let (ok, res, stderr) = sriov(&env, "ADD", "c-log", &env.pod.path(), &conf);
     assert!(
         ok,
         "a refused logFile is not a network error: {res}\n{stderr}"
@@ -456,7 +415,7 @@ fn log_file_outside_the_sriov_log_dir_is_refused_and_never_written() {
         (m.ino(), m.size(), m.mtime_nsec())
     });
     assert_eq!(node_before, node_after, "the node's file was not touched");
-    let (ok, _, _) = sriov(&env, "DEL", "c-log", &env.pod.path(), &conf, &[]);
+    let (ok, _, _) = sriov(&env, "DEL", "c-log", &env.pod.path(), &conf);
     assert!(ok);
 
     // A path that escapes the log dir by `..`, and one in a subdirectory: refused, not created.
@@ -466,11 +425,11 @@ fn log_file_outside_the_sriov_log_dir_is_refused_and_never_written() {
     {
         conf["logFile"] = json!(p);
         let cid = format!("c-log{i}");
-        let (ok, res, stderr) = sriov(&env, "ADD", &cid, &env.pod.path(), &conf, &[]);
+        let (ok, res, stderr) = sriov(&env, "ADD", &cid, &env.pod.path(), &conf);
         assert!(ok, "{res}\n{stderr}");
         assert!(stderr.contains("refused"), "{stderr}");
         assert!(!p.exists(), "{} was created", p.display());
-        let (ok, _, _) = sriov(&env, "DEL", &cid, &env.pod.path(), &conf, &[]);
+        let (ok, _, _) = sriov(&env, "DEL", &cid, &env.pod.path(), &conf);
         assert!(ok);
     }
     assert!(!env.dir.path().join("escaped.log").exists());
@@ -478,9 +437,9 @@ fn log_file_outside_the_sriov_log_dir_is_refused_and_never_written() {
     // Directly in the log dir: honoured, private, and the debug level the NAD asks is applied.
     let inside = log_dir.join("sriov-cni.log");
     conf["logFile"] = json!(inside);
-    let (ok, res, stderr) = sriov(&env, "ADD", "c-log-in", &env.pod.path(), &conf, &[]);
+    let (ok, res, stderr) = sriov(&env, "ADD", "c-log-in", &env.pod.path(), &conf);
     assert!(ok, "{res}\n{stderr}");
-    let (ok, _, _) = sriov(&env, "DEL", "c-log-in", &env.pod.path(), &conf, &[]);
+    let (ok, _, _) = sriov(&env, "DEL", "c-log-in", &env.pod.path(), &conf);
     assert!(ok);
     let text = std::fs::read_to_string(&inside).expect("log file written");
     assert!(
@@ -522,7 +481,7 @@ fn on_the_igb_model_refused_settings_fail_the_add_and_roll_back() {
         let runtime = (file == "full-static.json").then(|| json!({"mac": "02:55:00:00:00:10"}));
         let mut conf = delegate_conf(file, &pci, runtime.as_ref());
         keep_logs_local(&mut conf, &env);
-        let (ok, res, stderr) = sriov(&env, "ADD", "c-igb", &env.pod.path(), &conf, &[]);
+        let (ok, res, stderr) = sriov(&env, "ADD", "c-igb", &env.pod.path(), &conf);
         match refusal {
             Some((step, errno)) => {
                 assert!(!ok, "{file}: igb must refuse: {res}");
@@ -540,7 +499,7 @@ fn on_the_igb_model_refused_settings_fail_the_add_and_roll_back() {
                 assert!(env.link(&env.pod.name, "net1").is_some());
             }
         }
-        let (ok, out, _) = sriov(&env, "DEL", "c-igb", &env.pod.path(), &conf, &[]);
+        let (ok, out, _) = sriov(&env, "DEL", "c-igb", &env.pod.path(), &conf);
         assert!(ok, "{file} DEL: {out}");
         assert_eq!(env.vf_config(0), pf_before, "{file}: restored");
     }

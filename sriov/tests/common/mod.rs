@@ -227,6 +227,7 @@ impl Env {
         self.sriov_env(cmd, cid, ifname, netns, conf, &[])
     }
 
+    /// [`Env::sriov`] with extra environment; a failure's stderr is printed.
     pub fn sriov_env(
         &self,
         cmd: &str,
@@ -236,6 +237,24 @@ impl Env {
         conf: &Value,
         extra: &[(&str, &str)],
     ) -> (bool, Value) {
+        let (ok, v, stderr) = self.sriov_output(cmd, cid, ifname, netns, conf, extra);
+        if !ok {
+            eprintln!("sriov {cmd} stderr: {stderr}");
+        }
+        (ok, v)
+    }
+
+    /// Runs the real `sriov` binary inside the host netns with extra environment. Returns
+    /// (exit ok, stdout JSON, stderr).
+    pub fn sriov_output(
+        &self,
+        cmd: &str,
+        cid: &str,
+        ifname: &str,
+        netns: &str,
+        conf: &Value,
+        extra: &[(&str, &str)],
+    ) -> (bool, Value, String) {
         let mut c = Command::new("ip");
         c.args([
             "netns",
@@ -273,13 +292,11 @@ impl Env {
         } else {
             serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout {stdout:?}: {e}"))
         };
-        if !out.status.success() {
-            eprintln!(
-                "sriov {cmd} stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        (out.status.success(), v)
+        (
+            out.status.success(),
+            v,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 }
 
