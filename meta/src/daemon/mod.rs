@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod cri;
 pub mod metrics;
+pub mod metrics_http;
 pub mod protocol;
 pub mod reconcile;
 pub mod reconcile_run;
