@@ -50,6 +50,10 @@ pub struct DaemonConfig {
     pub pod_wait_ms: u64,
     /// `host:port` for `/metrics`, `/healthz`, `/readyz`; empty: off.
     pub metrics_address: String,
+    /// HTTPS certificate, or plain HTTP on loopback (`metricsInsecureHttp`, `metricsCertFile`,
+    /// `metricsKeyFile`; [`metrics_http::Serving`]).
+    #[serde(flatten)]
+    pub metrics_serving: metrics_http::Serving,
     /// A file written once the caches are synced (removed at shutdown); empty: none.
     pub readiness_file: String,
     /// How long SIGTERM waits for accepted calls to finish, seconds.
@@ -84,6 +88,7 @@ impl Default for DaemonConfig {
             queue_size: 512,
             pod_wait_ms: 1000,
             metrics_address: String::new(),
+            metrics_serving: metrics_http::Serving::default(),
             readiness_file: String::new(),
             drain_seconds: 30,
             api_timeout_ms: 2500,
@@ -108,7 +113,9 @@ const RECONCILE_INTERVAL_SECONDS: (u64, u64) = (0, 86_400);
 const USAGE: &str =
     "usage: plexus daemon [--config FILE] [--socket PATH] [--kubeconfig FILE] [--node NAME]
                      [--max-concurrent N] [--queue-size N] [--pod-wait-ms N]
-                     [--metrics-address HOST:PORT] [--readiness-file PATH] [--drain-seconds N]
+                     [--metrics-address HOST:PORT] [--metrics-insecure-http]
+                     [--metrics-cert-file PEM --metrics-key-file PEM]
+                     [--readiness-file PATH] [--drain-seconds N]
                      [--log-level LEVEL] [--log-file PATH] [--status-in-call]
                      [--host-root DIR] [--reconcile-interval SECONDS] [--cni-config FILE]
        plexus daemon reconcile --config FILE ... [--every SECONDS]
@@ -147,6 +154,7 @@ impl DaemonConfig {
                 "--host-root" => cfg.host_root = val()?,
                 "--reconcile-interval" => cfg.reconcile_interval_seconds = num(val()?)?,
                 "--cni-config" => cfg.cni_config = val()?,
+                other if cfg.metrics_serving.parse_flag(other, &mut val)? => {}
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -400,10 +408,17 @@ fn run(cfg: &DaemonConfig, rt: &tokio::runtime::Runtime) -> Result<(), String> {
         }
     }
     if !cfg.metrics_address.is_empty() {
-        let l = rt
-            .block_on(tokio::net::TcpListener::bind(&cfg.metrics_address))
-            .map_err(|e| format!("metrics address {}: {e}", cfg.metrics_address))?;
-        rt.spawn(metrics::serve(l, Arc::clone(&metrics), Arc::clone(&caches)));
+        let source = Arc::new(metrics_http::DaemonSource {
+            metrics: Arc::clone(&metrics),
+            caches: Arc::clone(&caches),
+        });
+        metrics_http::start(
+            rt.handle(),
+            &cfg.metrics_address,
+            &cfg.metrics_serving,
+            client.as_ref().and_then(|c| c.kube_client()),
+            source,
+        )?;
     }
     status::set_background(!cfg.status_in_call);
     if cfg.reconcile_interval_seconds > 0 {
