@@ -205,6 +205,10 @@ impl Adder<'_, '_> {
             }
             if netdev.is_some() {
                 at("configure addresses and routes", self.configure_ip(&result))?;
+                at(
+                    "IPv6 duplicate address detection",
+                    self.settle_dad(&result),
+                )?;
             }
         }
         result.interfaces = vec![iface];
@@ -457,6 +461,23 @@ impl Adder<'_, '_> {
             .as_mut()
             .ok_or_else(|| SriovError::Other("no pod handle".into()))?;
         ipconf::configure(pod, self.pod_index, r)
+    }
+
+    /// Waits for the kernel's duplicate address detection of the IPv6 addresses of `r`
+    /// ([`crate::dad`]): an address another host holds fails the ADD instead of staying on the
+    /// VF unusable, and is never announced.
+    fn settle_dad(&mut self, r: &CniResult) -> Result<(), SriovError> {
+        let ips: Vec<IpAddr> = r
+            .ips
+            .iter()
+            .filter_map(|i| parse_cidr(&i.address).ok().map(|a| a.ip))
+            .collect();
+        let (idx, ifname) = (self.pod_index, self.args.ifname.clone());
+        let pod = self
+            .pod
+            .as_mut()
+            .ok_or_else(|| SriovError::Other("no pod handle".into()))?;
+        crate::dad::settle(pod, idx, &ifname, &ips, crate::dad::DAD_TIMEOUT).map(drop)
     }
 
     fn announce(&self, r: &CniResult) {

@@ -6,6 +6,7 @@ pub mod add;
 pub mod check;
 pub mod cli;
 pub mod ctx;
+pub mod dad;
 pub mod del;
 pub mod devinfo;
 pub mod error;

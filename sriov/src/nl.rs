@@ -10,7 +10,7 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REQUEST,
 };
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Prop};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -104,6 +104,17 @@ impl Link {
         }
         l
     }
+}
+
+/// An address' duplicate address detection state ([`Netlink::address_states`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddrState {
+    /// The address.
+    pub ip: IpAddr,
+    /// `IFA_F_TENTATIVE`: DAD has not finished (or failed: the kernel keeps both flags).
+    pub tentative: bool,
+    /// `IFA_F_DADFAILED`: another host on the link holds the address.
+    pub dad_failed: bool,
 }
 
 /// An address on a link.
@@ -335,6 +346,13 @@ impl Netlink {
                     .push(AddressAttribute::Broadcast((bits | host).into()));
             }
         }
+        if a.ip.is_ipv6() {
+            // Optimistic DAD (RFC 4429; the link's `optimistic_dad` is on, see `garp`): DAD
+            // starts at once instead of after a random delay of up to a second, and the
+            // address takes traffic while it runs.
+            m.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Optimistic));
+        }
         let op = format!("add address {}/{} to link #{index}", a.ip, a.prefix);
         self.request(
             &op,
@@ -367,6 +385,45 @@ impl Netlink {
                         prefix: m.header.prefix_len,
                     });
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The IPv6 duplicate address detection state of each address of link `index`: whether
+    /// it is still tentative (DAD running) and whether DAD failed (another host on the link
+    /// answered for it).
+    pub fn address_states(&mut self, index: u32) -> Result<Vec<AddrState>, NlError> {
+        let op = format!("list addresses of link #{index}");
+        let replies = self.request(
+            &op,
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for r in replies {
+            let RouteNetlinkMessage::NewAddress(m) = r else {
+                continue;
+            };
+            if m.header.index != index {
+                continue;
+            }
+            // IFA_FLAGS (32 bits) supersedes the header's 8 when present.
+            let mut flags = AddressFlags::from_bits_truncate(u32::from(m.header.flags.bits()));
+            let mut ip = None;
+            for a in &m.attributes {
+                match a {
+                    AddressAttribute::Flags(f) => flags = *f,
+                    AddressAttribute::Address(a) => ip = Some(*a),
+                    _ => {}
+                }
+            }
+            if let Some(ip) = ip {
+                out.push(AddrState {
+                    ip,
+                    tentative: flags.contains(AddressFlags::Tentative),
+                    dad_failed: flags.contains(AddressFlags::Dadfailed),
+                });
             }
         }
         Ok(out)
