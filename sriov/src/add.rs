@@ -205,10 +205,7 @@ impl Adder<'_, '_> {
             }
             if netdev.is_some() {
                 at("configure addresses and routes", self.configure_ip(&result))?;
-                at(
-                    "IPv6 duplicate address detection",
-                    self.settle_dad(&result),
-                )?;
+                at("IPv6 duplicate address detection", self.settle_dad(&result))?;
             }
         }
         result.interfaces = vec![iface];

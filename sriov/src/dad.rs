@@ -135,12 +135,12 @@ mod tests {
     #[test]
     fn tentative_waits_and_dadfailed_fails_naming_the_address() {
         let waiting = [st("2001:db8::a", true, false)];
-        assert_eq!(
-            verdict(&waiting, &ips(&["2001:db8::a"])),
-            Verdict::Waiting
-        );
+        assert_eq!(verdict(&waiting, &ips(&["2001:db8::a"])), Verdict::Waiting);
         // The kernel keeps a failed address tentative and dadfailed: failed wins.
-        let failed = [st("2001:db8::a", true, true), st("2001:db8::b", true, false)];
+        let failed = [
+            st("2001:db8::a", true, true),
+            st("2001:db8::b", true, false),
+        ];
         assert_eq!(
             verdict(&failed, &ips(&["2001:db8::b", "2001:db8::a"])),
             Verdict::Failed(ips(&["2001:db8::a"]))

@@ -48,7 +48,10 @@ fn an_ipv6_address_held_on_the_link_fails_the_add_by_dad_and_rolls_back() {
         "dadfailed",
         &pci,
     ] {
-        assert!(msg.contains(want), "the error does not name {want:?}: {res}");
+        assert!(
+            msg.contains(want),
+            "the error does not name {want:?}: {res}"
+        );
     }
     assert_eq!(
         env.link(&h, &name).as_ref(),
