@@ -215,20 +215,33 @@ impl FixedIps {
         if subnets.is_empty() {
             return Ok(());
         }
+        let named: Vec<String> = subnets.iter().map(|(n, p)| format!("{n}/{p}")).collect();
         for (set, entries) in &self.sets {
             for (ord, a) in entries.iter().enumerate() {
                 for a in a.iter().flatten() {
                     let fits = subnets.iter().any(|(n, p)| contains(*n, *p, a.ip));
                     let same_family = subnets.iter().any(|(n, _)| n.is_ipv4() == a.ip.is_ipv4());
-                    if same_family && !fits {
-                        let list: Vec<String> =
-                            subnets.iter().map(|(n, p)| format!("{n}/{p}")).collect();
+                    if !same_family {
+                        // host-local and whereabouts hand out only addresses of the families
+                        // they have ranges for: the ADD would fail later, less clearly.
+                        return Err(bad(
+                            network,
+                            format!(
+                                "{set}-{ord}: address {} is {} but the network's IPAM has only {} subnets ({}): add a range of that family or drop the address",
+                                a.cidr,
+                                family(a.ip),
+                                family(subnets[0].0),
+                                named.join(", ")
+                            ),
+                        ));
+                    }
+                    if !fits {
                         return Err(bad(
                             network,
                             format!(
                                 "{set}-{ord}: address {} is outside the network's subnets {}",
                                 a.cidr,
-                                list.join(", ")
+                                named.join(", ")
                             ),
                         ));
                     }
@@ -254,6 +267,15 @@ impl FixedIps {
                 ),
             )),
         }
+    }
+}
+
+/// "IPv4" or "IPv6".
+fn family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
     }
 }
 
@@ -286,7 +308,8 @@ pub fn static_addresses(list: &NetConfList) -> Vec<IpAddr> {
 }
 
 /// Subnets the network's IPAM declares: host-local `subnet` and `ranges[][].subnet`,
-/// whereabouts `range` (CIDR form).
+/// whereabouts `range` and `ipRanges[].range` (CIDR form; its dual-stack form lists one range
+/// per family there).
 pub fn declared_subnets(list: &NetConfList) -> Vec<(IpAddr, u8)> {
     let mut out = Vec::new();
     for p in &list.plugins {
@@ -309,6 +332,14 @@ pub fn declared_subnets(list: &NetConfList) -> Vec<(IpAddr, u8)> {
             for r in set.as_array().into_iter().flatten() {
                 push(r.get("subnet"));
             }
+        }
+        for r in ipam
+            .get("ipRanges")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            push(r.get("range"));
         }
     }
     out
@@ -434,6 +465,88 @@ mod tests {
             static_addresses(&fixed),
             vec!["10.9.0.10".parse::<IpAddr>().unwrap()]
         );
+    }
+
+    #[test]
+    fn ipv6_and_dual_entries_per_ordinal() {
+        let m = FixedIps::parse(
+            NET,
+            r#"{"pg":[["10.246.0.20/24","fd00:246::20/64"],"fd00:246::21/64",["fd00:246::22/64","10.246.0.22/24"]]}"#,
+        )
+        .unwrap();
+        let Lookup::Addresses(a) = m.lookup(NET, "pg", 1).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].ip, "fd00:246::21".parse::<IpAddr>().unwrap());
+        assert_eq!((a[0].prefix, a[0].cidr.as_str()), (64, "fd00:246::21/64"));
+        let Lookup::Addresses(a) = m.lookup(NET, "pg", 2).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.len(), 2);
+        assert!(
+            a[0].ip.is_ipv6() && a[1].ip.is_ipv4(),
+            "the order as written"
+        );
+        m.check_against(NET, &host_local()).unwrap();
+        // The same IPv6 address in two spellings is the same address: given twice.
+        let e = FixedIps::parse(
+            NET,
+            r#"{"pg":["2001:db8::a/64"],"mysql":[["10.0.0.1/24","2001:0db8:0:0::a/64"]]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.details.contains("address 2001:db8::a is given twice"),
+            "{e}"
+        );
+        for (text, want) in [
+            (r#"{"a":["fd00::1/129"]}"#, "prefix length"),
+            (r#"{"a":["fd00::1"]}"#, "prefix length"),
+            (r#"{"a":["[fd00::1]/64"]}"#, "prefix length"),
+            (r#"{"a":[["fd00::1/64","fd00::2/64"]]}"#, "same IP family"),
+        ] {
+            let e = FixedIps::parse(NET, text).unwrap_err();
+            assert!(e.details.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_are_checked_against_the_networks_ipv6_ranges() {
+        // Outside the IPv6 range.
+        let m = FixedIps::parse(NET, r#"{"pg":[["10.246.0.20/24","fd00:999::20/64"]]}"#).unwrap();
+        let e = m.check_against(NET, &host_local()).unwrap_err();
+        assert!(
+            e.details.contains("pg-0")
+                && e.details.contains("fd00:999::20/64")
+                && e.details.contains("fd00:246::/64"),
+            "{e}"
+        );
+        // An IPv6 address on an IPv4-only host-local network: refused, naming the family.
+        let v4_only = list(json!({"cniVersion":"1.0.0","name":"data","type":"macvlan",
+            "ipam":{"type":"host-local","ranges":[[{"subnet":"10.246.0.0/24"}]]}}));
+        let m = FixedIps::parse(NET, r#"{"pg":[["10.246.0.20/24","fd00:246::20/64"]]}"#).unwrap();
+        let e = m.check_against(NET, &v4_only).unwrap_err();
+        assert!(
+            e.details.contains("fd00:246::20/64 is IPv6")
+                && e.details.contains("only IPv4 subnets (10.246.0.0/24)"),
+            "{e}"
+        );
+        // whereabouts' dual-stack form (ipRanges): each family checked against its range.
+        let wb = list(json!({"cniVersion":"1.0.0","name":"w","type":"macvlan",
+            "capabilities":{"ips":true},
+            "ipam":{"type":"whereabouts","ipRanges":[{"range":"10.246.0.0/24"},{"range":"fd00:246::/64"}]}}));
+        m.check_against(NET, &wb).unwrap();
+        let v6_only = list(json!({"cniVersion":"1.0.0","name":"w","type":"macvlan",
+            "capabilities":{"ips":true},"ipam":{"type":"whereabouts","range":"fd00:246::/64"}}));
+        FixedIps::parse(NET, r#"{"pg":["fd00:246::20/64"]}"#)
+            .unwrap()
+            .check_against(NET, &v6_only)
+            .unwrap();
+        assert!(m
+            .check_against(NET, &v6_only)
+            .unwrap_err()
+            .details
+            .contains("10.246.0.20/24 is IPv4"));
     }
 
     #[test]
