@@ -43,4 +43,17 @@ trap - EXIT
 echo "=== the SR-IOV VM tier (vm_sriov), run beside the tests above ==="
 cat "$vm_log"
 [ "$vm_rc" -eq 0 ] || echo "vm_sriov: FAILED (exit $vm_rc)" >&2
+# This build against the previous release (e2e/previous-build), both in release mode, thin and
+# daemon, interleaved round by round on one real kube-apiserver: the short form of
+# scripts/bench.sh, after the tests so the machine is quiet. Figures only, never a timed test;
+# it fails only when the comparison cannot run.
+if [ -n "${PLEXUS_K8S_BIN:-}" ]; then
+  echo "=== this build against the previous release (plexus-bench --previous, short form) ==="
+  prev_release=$(bash scripts/prev-build.sh --release)
+  cargo build --release --locked -p plexus-meta -p plexus-shim --bin plexus --bin plexus-daemon --bin plexus-shim
+  if [ -n "$prev_release" ]; then
+    "$target_dir/debug/plexus-bench" --previous "$prev_release" --iterations 8 \
+      --plexus "$target_dir/release/plexus" || rc=1
+  fi
+fi
 [ "$rc" -eq 0 ] && [ "$vm_rc" -eq 0 ]

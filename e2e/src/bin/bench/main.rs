@@ -10,7 +10,10 @@
 //!    breakdown of plexus' own time per phase and its peak RSS ([`real_api`]).
 //!
 //! 5. `--peers`: side by side with Multus thin and thick on the real kube-apiserver, same
-//!    configs, interleaved rounds ([`peers`]).
+//!    configs, interleaved rounds ([`peers`]). With `--previous DIR` the previous release's
+//!    build (`scripts/prev-build.sh --release`) runs in the same rounds, thin and daemon, and
+//!    the ratio of this build to it is printed per verb and mode; `--previous DIR` alone runs
+//!    only the two Plexus builds (the short form `scripts/test.sh` runs).
 //!
 //! 6. `--fleet N`: N daemon-mode nodes (Plexus daemon, Multus thick) and thin mode against one
 //!    real kube-apiserver: steady state, churn, restart storm ([`fleet`]).
@@ -20,7 +23,7 @@
 //! 8. `--address-scale`: requests, bytes and time per ADD of a fixed address as the namespace
 //!    grows to 5,000 pods ([`address_scale`]).
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume | --address-scale]`
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale]`
 //! (as root).
 
 mod address_scale;
@@ -516,6 +519,7 @@ fn main() {
     let mut daemon_only = false;
     let mut real_api_only = false;
     let mut peers_only = false;
+    let mut previous: Option<PathBuf> = None;
     let mut fleet = None;
     let mut tls_resume = false;
     let mut address_scale = false;
@@ -532,11 +536,12 @@ fn main() {
             "--daemon-only" => daemon_only = true,
             "--real-api" => real_api_only = true,
             "--peers" => peers_only = true,
+            "--previous" => previous = it.next().map(PathBuf::from),
             "--tls-resume" => tls_resume = true,
             "--address-scale" => address_scale = true,
             "--fleet" => fleet = it.next().and_then(|v| v.parse::<usize>().ok()),
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers | --fleet NODES | --tls-resume | --address-scale]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale]");
                 std::process::exit(2);
             }
         }
@@ -569,9 +574,15 @@ fn main() {
         }
         return;
     }
-    if peers_only {
-        if let Err(e) = peers::run(&plexus, &cni_bin, n) {
-            eprintln!("plexus-bench --peers: {e:#}");
+    if peers_only || previous.is_some() {
+        let o = peers::Options {
+            plexus: &plexus,
+            previous: previous.as_deref(),
+            peers: peers_only,
+            rounds: n,
+        };
+        if let Err(e) = peers::run(&o, &cni_bin) {
+            eprintln!("plexus-bench --peers/--previous: {e:#}");
             std::process::exit(1);
         }
         return;

@@ -5,7 +5,9 @@
 //! select a mode differ): the bridge default network + one macvlan NAD, same plugins, same
 //! pods. Rounds interleave every system (order rotated per round) next to the plugins run
 //! directly; it prints medians and spread of the overhead over the plugins, ratios to the
-//! peer, API requests per ADD and DEL (`apiserver_request_total`) and peak RSS.
+//! peer, API requests per ADD and DEL (`apiserver_request_total`) and peak RSS. With a
+//! previous build ([`Options::previous`]) its thin plugin and daemon join the same rounds, and
+//! this build's wall time over the previous one's is printed per round, verb and mode.
 //!
 //! Peers: `PLEXUS_PEERS_BIN` (default `/work/shared/peers/bin`): `multus`, `multus-daemon`,
 //! `multus-shim` (v4.3.0), plain or `.xz`.
@@ -39,7 +41,16 @@ struct System {
     label: &'static str,
     bin: PathBuf,
     conf: Value,
+    /// Where its `ADD done` lines (phases) go: the thin log file or the daemon's stderr.
+    log: Option<String>,
 }
+
+const MULTUS_THIN: &str = "Multus thin";
+const MULTUS_THICK: &str = "Multus thick";
+const PLEXUS_THIN: &str = "Plexus thin";
+const PLEXUS_DAEMON: &str = "Plexus daemon";
+const PREV_THIN: &str = "Plexus thin, previous";
+const PREV_DAEMON: &str = "Plexus daemon, previous";
 
 /// A background process killed on drop.
 struct Proc(Child);
@@ -357,83 +368,137 @@ fn shown(c: &RequestCounts) -> String {
         .join(", ")
 }
 
-/// Run the side-by-side benchmark with `n` timed rounds.
-pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
-    let peers_dir = std::env::var_os("PLEXUS_PEERS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin"));
-    let peer = |name: &str| -> Result<PathBuf> {
-        find_usable(&peers_dir, name)?
-            .with_context(|| format!("no {name} in {}", peers_dir.display()))
-    };
-    let (multus, multus_daemon, multus_shim) = (
-        peer("multus")?,
-        peer("multus-daemon")?,
-        peer("multus-shim")?,
-    );
-    let shim = plexus.with_file_name("plexus-shim");
-    ensure!(shim.exists(), "no plexus-shim next to {}", plexus.display());
+/// What `--peers` and `--previous` compare.
+pub struct Options<'a> {
+    /// This build's `plexus` (`plexus-shim` next to it).
+    pub plexus: &'a Path,
+    /// The previous release's build directory (`plexus`, `plexus-shim`), run side by side.
+    pub previous: Option<&'a Path>,
+    /// Multus thin and thick, and the daemon's variants (status in call, events off), too.
+    pub peers: bool,
+    /// Timed rounds.
+    pub rounds: usize,
+}
+
+/// Run the side-by-side benchmark: rounds interleave every system of `o`.
+pub fn run(o: &Options, cni_bin: &Path) -> Result<()> {
+    let n = o.rounds;
     let mut p = Peers::start(cni_bin)?;
-    let pd_pid = p.plexus_daemon(plexus, "pd", &[])?;
-    let pc_pid = p.plexus_daemon(plexus, "pc", &["--status-in-call"])?;
-    let po_pid = p.plexus_daemon(plexus, "po", &[])?;
-    let (md_pid, multus_conf) = p.multus_daemon(&multus_daemon)?;
-    let shim_conf = |dir: &str| {
+    let thin_logged = |p: &Peers, bin: &Path, log: &str| {
+        // Its `ADD done` lines (phases) go to `log`: one appended line per call.
+        let mut c = p.thin("plexus", "kubeconfig");
+        c["logLevel"] = json!("info");
+        c["logFile"] = json!(p.e.path(log));
+        System {
+            label: "",
+            bin: bin.to_path_buf(),
+            conf: c,
+            log: Some(log.to_string()),
+        }
+    };
+    let shim_conf = |p: &Peers, dir: &str| {
         let mut c = p.thin("plexus-shim", "kubeconfig");
         c["daemonSocket"] = json!(p.e.path(&format!("{dir}/plexus.sock")));
         c
     };
-    let systems = [
-        System {
-            label: "Multus thin",
+    let shim_of = |plexus: &Path| -> Result<PathBuf> {
+        let shim = plexus.with_file_name("plexus-shim");
+        ensure!(shim.exists(), "no plexus-shim next to {}", plexus.display());
+        Ok(shim)
+    };
+    let mut systems = vec![];
+    let mut daemons: Vec<(&'static str, u32)> = vec![];
+    let mut md_pid = None;
+    if o.peers {
+        let peers_dir = std::env::var_os("PLEXUS_PEERS_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/work/shared/peers/bin"));
+        let peer = |name: &str| -> Result<PathBuf> {
+            find_usable(&peers_dir, name)?
+                .with_context(|| format!("no {name} in {}", peers_dir.display()))
+        };
+        let (multus, multus_daemon, multus_shim) = (
+            peer("multus")?,
+            peer("multus-daemon")?,
+            peer("multus-shim")?,
+        );
+        let (pid, multus_conf) = p.multus_daemon(&multus_daemon)?;
+        md_pid = Some(pid);
+        systems.push(System {
+            label: MULTUS_THIN,
             bin: multus,
             conf: p.thin("multus", "multus.kubeconfig"),
-        },
-        System {
-            label: "Plexus thin",
-            bin: plexus.to_path_buf(),
-            conf: {
-                // Its `ADD done` lines (phases) go to thin.log: one appended line per call.
-                let mut c = p.thin("plexus", "kubeconfig");
-                c["logLevel"] = json!("info");
-                c["logFile"] = json!(p.e.path("thin.log"));
-                c
-            },
-        },
-        System {
-            label: "Multus thick",
+            log: None,
+        });
+        systems.push(System {
+            label: MULTUS_THICK,
             bin: multus_shim,
             conf: multus_conf,
-        },
-        System {
-            label: "Plexus daemon",
-            bin: shim.clone(),
-            conf: shim_conf("pd"),
-        },
-        System {
+            log: None,
+        });
+    }
+    let shim = shim_of(o.plexus)?;
+    systems.push(System {
+        label: PLEXUS_THIN,
+        ..thin_logged(&p, o.plexus, "thin.log")
+    });
+    daemons.push((PLEXUS_DAEMON, p.plexus_daemon(o.plexus, "pd", &[])?));
+    systems.push(System {
+        label: PLEXUS_DAEMON,
+        bin: shim.clone(),
+        conf: shim_conf(&p, "pd"),
+        log: Some("pd.log".into()),
+    });
+    if o.peers {
+        daemons.push((
+            "Plexus daemon (status in call)",
+            p.plexus_daemon(o.plexus, "pc", &["--status-in-call"])?,
+        ));
+        systems.push(System {
             label: "Plexus daemon, status in call",
             bin: shim.clone(),
-            conf: shim_conf("pc"),
-        },
-        System {
-            // "Status off": the status after the answer and no event (`"events": false`): the
-            // call's own work with no API request in or after it but the background PATCH.
+            conf: shim_conf(&p, "pc"),
+            log: Some("pc.log".into()),
+        });
+        // "Status off": the status after the answer and no event (`"events": false`): the
+        // call's own work with no API request in or after it but the background PATCH.
+        daemons.push((
+            "Plexus daemon (events off)",
+            p.plexus_daemon(o.plexus, "po", &[])?,
+        ));
+        let mut c = shim_conf(&p, "po");
+        c["events"] = json!(false);
+        systems.push(System {
             label: "Plexus daemon, events off",
-            bin: shim,
-            conf: {
-                let mut c = shim_conf("po");
-                c["events"] = json!(false);
-                c
-            },
-        },
-    ];
+            bin: shim.clone(),
+            conf: c,
+            log: Some("po.log".into()),
+        });
+    }
+    if let Some(prev) = o.previous {
+        let prev_plexus = prev.join("plexus");
+        let prev_shim = shim_of(&prev_plexus)?;
+        systems.push(System {
+            label: PREV_THIN,
+            ..thin_logged(&p, &prev_plexus, "thin-prev.log")
+        });
+        daemons.push((PREV_DAEMON, p.plexus_daemon(&prev_plexus, "pp", &[])?));
+        systems.push(System {
+            label: PREV_DAEMON,
+            bin: prev_shim,
+            conf: shim_conf(&p, "pp"),
+            log: Some("pp.log".into()),
+        });
+    }
     println!(
         "side by side on a real kube-apiserver over TLS: bridge default + 1 macvlan NAD, {n} interleaved rounds (+1 warm-up), order rotated per round; load average before: {}",
         loadavg()
     );
     let k = systems.len();
     let (mut add, mut del) = (vec![vec![]; k], vec![vec![]; k]);
-    let mut add_wall: Vec<Vec<f64>> = vec![vec![]; k];
+    let (mut add_wall, mut del_wall): (Vec<Vec<f64>>, Vec<Vec<f64>>) =
+        (vec![vec![]; k], vec![vec![]; k]);
+    let index = |label: &str| systems.iter().position(|s| s.label == label).unwrap_or(0);
     let (mut dadd, mut ddel) = (vec![], vec![]);
     for round in 0..=n {
         let mut pods = vec![];
@@ -451,6 +516,7 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
             let d = p.call(&systems[i], "DEL", &cid, pod, uid)?;
             if round > 0 {
                 add_wall[i].push(ms(a));
+                del_wall[i].push(ms(d));
                 add[i].push(ms(a) - ms(da));
                 del[i].push(ms(d) - ms(dd));
             }
@@ -476,25 +542,49 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         );
     }
     let ratio = |a: &str, b: &str| {
-        let (x, y) = (med[a], med[b]);
-        (x.0 / y.0, x.1 / y.1)
+        let (x, y) = (med.get(a)?, med.get(b)?);
+        Some((x.0 / y.0, x.1 / y.1))
     };
     for (a, b) in [
-        ("Plexus thin", "Multus thin"),
-        ("Plexus daemon", "Multus thick"),
-        ("Plexus daemon, status in call", "Multus thick"),
-        ("Plexus daemon, events off", "Multus thick"),
+        (PLEXUS_THIN, MULTUS_THIN),
+        (PLEXUS_DAEMON, MULTUS_THICK),
+        ("Plexus daemon, status in call", MULTUS_THICK),
+        ("Plexus daemon, events off", MULTUS_THICK),
+        (PLEXUS_THIN, PREV_THIN),
+        (PLEXUS_DAEMON, PREV_DAEMON),
     ] {
-        let (ra, rd) = ratio(a, b);
-        println!(" {a} / {b}: ADD overhead {ra:.2}×, DEL overhead {rd:.2}×");
+        if let Some((ra, rd)) = ratio(a, b) {
+            println!(" {a} / {b}: ADD overhead {ra:.2}×, DEL overhead {rd:.2}×");
+        }
+    }
+    if o.previous.is_some() {
+        // This build against the previous one, per call: the median of the per-round ratio of
+        // wall times (each round runs both on the same pods and API server, back to back).
+        for (a, b) in [(PLEXUS_THIN, PREV_THIN), (PLEXUS_DAEMON, PREV_DAEMON)] {
+            let (i, j) = (index(a), index(b));
+            let per = |v: &[Vec<f64>]| {
+                stats(
+                    &v[i]
+                        .iter()
+                        .zip(&v[j])
+                        .map(|(x, y)| x / y)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let (ra, ra10, ra90) = per(&add_wall);
+            let (rd, rd10, rd90) = per(&del_wall);
+            println!(
+                " this build / previous, {}: ADD wall {ra:.3}× [{ra10:.3}, {ra90:.3}], DEL wall {rd:.3}× [{rd10:.3}, {rd90:.3}] (per-round ratio, median [p10, p90])",
+                if a == PLEXUS_THIN { "thin" } else { "daemon" }
+            );
+        }
     }
     // Where the daemon's ADD time goes: its own `ADD done` lines (the timed rounds' ADDs).
-    for (idx, log, label) in [
-        (1, "thin.log", "Plexus thin"),
-        (3, "pd.log", "Plexus daemon"),
-        (4, "pc.log", "Plexus daemon, status in call"),
-        (5, "po.log", "Plexus daemon, events off"),
-    ] {
+    for (idx, s) in systems.iter().enumerate() {
+        let (Some(log), label) = (&s.log, s.label) else {
+            continue;
+        };
+        let thin = s.conf["type"] == "plexus";
         let text = std::fs::read_to_string(p.e.path(log))?;
         let done: Vec<_> = crate::real_api::parse_log(&text, "ADD")
             .into_iter()
@@ -516,7 +606,8 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
             .collect();
         phases.sort();
         println!(
-            " {label}: ADD inside the daemon {:.2} ms (median of {}), phases (ms): {}",
+            " {label}: ADD inside {} {:.2} ms (median of {}), phases (ms): {}",
+            if thin { "plexus" } else { "the daemon" },
             med(&|d| d.elapsed_ms),
             done.len(),
             phases.join(", ")
@@ -532,7 +623,7 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
         let (o, o10, o90) = stats(&own);
         println!(
             "   own time per ADD (wall minus its delegates): {o:.2} ms [{o10:.2}, {o90:.2}] = outside the pipeline ({}) {:.2} + inside it, delegates excluded {:.2}",
-            if idx == 1 { "exec, start-up before main, exit" } else { "shim exec, socket, answer" },
+            if thin { "exec, start-up before main, exit" } else { "shim exec, socket, answer" },
             stats(&outside).0,
             stats(&inside).0
         );
@@ -615,12 +706,11 @@ pub fn run(plexus: &Path, cni_bin: &Path, n: usize) -> Result<()> {
     let del_env = plexus_env("DEL", "rss-direct", &netns, &cni_path, "");
     let _ = exec(&p.cni_bin.join("bridge"), &del_env, &d[0]);
     println!("  {:<30} ADD {bridge}", "the bridge plugin alone");
-    for (label, pid) in [
-        ("Multus thick daemon", md_pid),
-        ("Plexus daemon", pd_pid),
-        ("Plexus daemon (status in call)", pc_pid),
-        ("Plexus daemon (events off)", po_pid),
-    ] {
+    for (label, pid) in md_pid
+        .map(|pid| ("Multus thick daemon", pid))
+        .into_iter()
+        .chain(daemons)
+    {
         let (now, hwm) = plexus_e2e::procfs::rss_kib(pid);
         println!("  {label:<30} RSS {now}, peak {hwm} (VmHWM, whole run)");
     }
