@@ -199,4 +199,120 @@ mod tests {
         );
         assert!(fixed_networks(&[plain]).is_empty());
     }
+
+    /// The bank NAD with a dual static address (IPv4 and IPv6 on VLAN 100).
+    fn bank_dual(v6: &str) -> PlannedAttachment {
+        attachment(
+            "db/bank",
+            json!({"cniVersion":"1.0.0","name":"bank","type":"sriov","vlan":100,
+                "ipam":{"type":"static","addresses":[{"address":"10.56.100.10/24"},{"address":v6}]}}),
+            Some(RES),
+        )
+    }
+
+    fn pool6(vlan: u64, ipam: Value) -> NadData {
+        nad(
+            json!({"cniVersion":"1.0.0","type":"sriov","vlan":vlan,"ipam":ipam}),
+            Some(RES),
+        )
+    }
+
+    #[test]
+    fn a_fixed_ipv6_address_in_an_ipv6_pool_is_refused_in_any_spelling() {
+        for (fixed, pool) in [
+            // whereabouts, an IPv6 CIDR range.
+            (
+                "fd00:56:100::10/64",
+                json!({"type":"whereabouts","range":"fd00:56:100::/64"}),
+            ),
+            // The same address written long-hand: the same address.
+            (
+                "fd00:0056:0100:0:0:0:0:0010/64",
+                json!({"type":"whereabouts","range":"fd00:56:100::/64"}),
+            ),
+            // whereabouts' dual-stack form: the IPv6 range in ipRanges, with start and end.
+            (
+                "fd00:56:100::10/64",
+                json!({"type":"whereabouts","ipRanges":[{"range":"10.56.200.0/24"},
+                    {"range":"fd00:56:100::/64","range_start":"fd00:56:100::8","range_end":"fd00:56:100::ff"}]}),
+            ),
+            // whereabouts' start-end form.
+            (
+                "fd00:56:100::10/64",
+                json!({"type":"whereabouts","range":"fd00:56:100::1-fd00:56:100::20/64"}),
+            ),
+            // host-local with one range set per family.
+            (
+                "fd00:56:100::10/64",
+                json!({"type":"host-local","ranges":[[{"subnet":"10.56.200.0/24"}],[{"subnet":"fd00:56:100::/64"}]]}),
+            ),
+        ] {
+            let plan = [bank_dual(fixed)];
+            let f = fixed_networks(&plan);
+            let nads = vec![("clients6".to_string(), pool6(100, pool.clone()))];
+            let e = overlap("pod db/mysql-0", &f[0], &nads)
+                .unwrap_or_else(|| panic!("{fixed} in {pool} was not refused"));
+            let msg = e.msg();
+            assert!(
+                msg.contains("db/bank")
+                    && msg.contains("db/clients6")
+                    && msg.contains("fd00:56:100::10"),
+                "{msg}"
+            );
+            assert_eq!(e.code(), 7);
+        }
+    }
+
+    #[test]
+    fn ipv6_pools_that_cannot_hand_out_the_fixed_address_pass() {
+        let plan = [bank_dual("fd00:56:100::10/64")];
+        let f = fixed_networks(&plan);
+        for pool in [
+            pool6(
+                100,
+                json!({"type":"whereabouts","range":"fd00:56:100::/64","exclude":["fd00:56:100::10/128"]}),
+            ),
+            pool6(
+                100,
+                json!({"type":"whereabouts","range":"fd00:56:100::/64","exclude":["fd00:56:100::/120"]}),
+            ),
+            pool6(
+                100,
+                json!({"type":"whereabouts","range":"fd00:56:100::/64","range_start":"fd00:56:100::100"}),
+            ),
+            pool6(
+                100,
+                json!({"type":"whereabouts","range":"fd00:56:100::20-fd00:56:100::40/64"}),
+            ),
+            pool6(
+                100,
+                json!({"type":"whereabouts","range":"fd00:56:999::/64"}),
+            ),
+            pool6(
+                100,
+                json!({"type":"host-local","ranges":[[{"subnet":"fd00:56:100::/64","rangeStart":"fd00:56:100::11"}]]}),
+            ),
+            // An IPv4 pool does not hand out an IPv6 address (nor the bank's IPv4 one here).
+            pool6(100, json!({"type":"whereabouts","range":"10.56.200.0/24"})),
+            pool6(
+                200,
+                json!({"type":"whereabouts","range":"fd00:56:100::/64"}),
+            ),
+        ] {
+            let nads = vec![("clients6".to_string(), pool)];
+            assert!(
+                overlap("pod db/mysql-0", &f[0], &nads).is_none(),
+                "{:?}",
+                nads[0].1.config
+            );
+        }
+        // An IPv6 pool does not hand out the bank's IPv4 address either.
+        let v4_only = [bank()];
+        let f = fixed_networks(&v4_only);
+        let nads = vec![(
+            "clients6".to_string(),
+            pool6(100, json!({"type":"whereabouts","range":"::/0"})),
+        )];
+        assert!(overlap("pod db/mysql-0", &f[0], &nads).is_none());
+    }
 }
