@@ -1,14 +1,52 @@
-//! Logging setup shared by the binaries: `tracing` to stderr and/or a file (0600), with a level.
-//! stdout is never used: it carries the CNI result.
+//! Logging setup shared by the binaries: `tracing` to stderr and/or a file (0600), with a level
+//! or a per-module filter, as text or JSON lines. stdout is never used: it carries the CNI
+//! result.
+//!
+//! - Level: a name (`error`, `warn`, `info`, `debug`, `trace`, Multus' `panic`/`verbose`), or
+//!   per-module directives in `tracing`'s `EnvFilter` syntax, `target=level` pairs and a bare
+//!   default level, comma-separated: `info,plexus_meta::k8s=debug`. A target matches itself and
+//!   the modules below it; without a bare level the others log at `warn`. [`FILTER_ENV`]
+//!   (`PLEXUS_LOG`), when set, replaces the configured level.
+//! - Format: text (default) or JSON lines (`{"timestamp","level","fields":{"message",…},
+//!   "target"}`, tracing-subscriber's `json` format), chosen by [`FORMAT_ENV`]
+//!   (`PLEXUS_LOG_FORMAT=json`).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
+
+/// Environment variable naming the log format: `text` (default) or `json`.
+pub const FORMAT_ENV: &str = "PLEXUS_LOG_FORMAT";
+
+/// Environment variable holding a level or per-module directives that replace the configured
+/// level (`PLEXUS_LOG=info,plexus_meta::k8s=debug`).
+pub const FILTER_ENV: &str = "PLEXUS_LOG";
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Format {
+    /// `<time> <LEVEL> <target>: <message> key=value…` (the file; stderr leaves the target out).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Format {
+    /// `text`/`json` (any case); empty is text; anything else `None`.
+    pub fn parse(s: &str) -> Option<Format> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "text" | "plain" => Some(Format::Text),
+            "json" => Some(Format::Json),
+            _ => None,
+        }
+    }
+}
 
 /// Where and how much to log.
 #[derive(Debug, Clone, Default)]
@@ -54,6 +92,29 @@ pub fn rotate_if_needed(path: &std::path::Path, max_size_mb: u64, max_backups: u
     let _ = std::fs::rename(path, numbered(1));
 }
 
+/// A level name or per-module directives (see the module doc) as a filter; `None` when a
+/// level or directive is not understood.
+pub fn parse_filter(s: &str) -> Option<Targets> {
+    let mut default = None;
+    let mut targets = Targets::new();
+    for d in s.split(',').map(str::trim) {
+        if d.is_empty() && !s.trim().is_empty() {
+            continue;
+        }
+        match d.split_once('=') {
+            Some((target, level)) => {
+                let target = target.trim();
+                if target.is_empty() || target.contains(char::is_whitespace) {
+                    return None;
+                }
+                targets = targets.with_target(target, parse_level(level.trim())?);
+            }
+            None => default = Some(parse_level(d)?),
+        }
+    }
+    Some(targets.with_default(default.unwrap_or(LevelFilter::WARN)))
+}
+
 /// Map a level name (Multus' or tracing's) to a filter.
 pub fn parse_level(s: &str) -> Option<LevelFilter> {
     Some(match s.to_ascii_lowercase().as_str() {
@@ -95,32 +156,50 @@ pub fn init(opts: &LogOptions) {
 /// logged once the subscriber is installed. For callers that open the file under their own
 /// rules (the `sriov` plugin confines a NAD's `logFile`).
 pub fn init_with_file(opts: &LogOptions, file: Option<std::fs::File>, warnings: Vec<String>) {
-    let level = parse_level(&opts.level);
-    let filter = level.unwrap_or(LevelFilter::WARN);
     let mut warn_msgs = warnings;
-    if level.is_none() {
-        warn_msgs.push(format!("unknown log level {:?}, using warn", opts.level));
-    }
-    let file_layer = file.map(|f| {
-        tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .with_writer(Mutex::new(f))
-            .with_filter(filter)
+    let from_env = std::env::var(FILTER_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty());
+    let (source, wanted) = match &from_env {
+        Some(s) => (FILTER_ENV, s.as_str()),
+        None => ("log level", opts.level.as_str()),
+    };
+    let filter = parse_filter(wanted).unwrap_or_else(|| {
+        warn_msgs.push(format!("unknown {source} {wanted:?}, using warn"));
+        Targets::new().with_default(LevelFilter::WARN)
     });
+    let format = match std::env::var(FORMAT_ENV) {
+        Ok(s) => Format::parse(&s).unwrap_or_else(|| {
+            warn_msgs.push(format!("unknown {FORMAT_ENV} {s:?}, using text"));
+            Format::Text
+        }),
+        Err(_) => Format::Text,
+    };
+    let file_layer = file.map(|f| layer(format, Mutex::new(f), true, filter.clone()));
     let stderr_wanted = opts.to_stderr || (opts.file.is_some() && file_layer.is_none());
-    let stderr_layer = stderr_wanted.then(|| {
-        tracing_subscriber::fmt::layer()
-            .with_ansi(false)
-            .with_target(false)
-            .with_writer(std::io::stderr)
-            .with_filter(filter)
-    });
-    let _ = tracing_subscriber::registry()
-        .with(file_layer)
-        .with(stderr_layer)
-        .try_init();
+    let stderr_layer = stderr_wanted.then(|| layer(format, std::io::stderr, false, filter));
+    // Each output is a boxed layer over the bare registry, so both go in one `Vec` layer.
+    let layers: Vec<BoxedLayer> = file_layer.into_iter().chain(stderr_layer).collect();
+    let _ = tracing_subscriber::registry().with(layers).try_init();
     for m in warn_msgs {
         tracing::warn!("{m}");
+    }
+}
+
+type BoxedLayer = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// One output: `format` to `writer`, through `filter`. Text on stderr leaves the target out
+/// (the container log is read by people); JSON always has it.
+fn layer<W>(format: Format, writer: W, target: bool, filter: Targets) -> BoxedLayer
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(writer);
+    match format {
+        Format::Text => fmt.with_target(target).with_filter(filter).boxed(),
+        Format::Json => fmt.json().with_filter(filter).boxed(),
     }
 }
 
@@ -157,5 +236,38 @@ mod tests {
         assert_eq!(parse_level("panic"), Some(LevelFilter::ERROR));
         assert_eq!(parse_level("DEBUG"), Some(LevelFilter::DEBUG));
         assert_eq!(parse_level("loud"), None);
+    }
+
+    #[test]
+    fn per_module_filters() {
+        use tracing::Level;
+        let f = parse_filter("info,plexus_meta::k8s=debug").unwrap();
+        assert!(f.would_enable("plexus_meta::k8s::client", &Level::DEBUG));
+        assert!(!f.would_enable("plexus_meta::k8s::client", &Level::TRACE));
+        assert!(!f.would_enable("plexus_meta::attach", &Level::DEBUG));
+        assert!(f.would_enable("plexus_meta::attach", &Level::INFO));
+        // Without a bare level the others log at warn; Multus' level names work per target.
+        let f = parse_filter("plexus_meta::k8s=verbose").unwrap();
+        assert!(f.would_enable("plexus_meta::k8s", &Level::INFO));
+        assert!(!f.would_enable("plexus_delegates::exec", &Level::INFO));
+        assert!(f.would_enable("plexus_delegates::exec", &Level::WARN));
+        // A bare level alone is a level; empty is warn.
+        let f = parse_filter("debug").unwrap();
+        assert!(f.would_enable("anything", &Level::DEBUG));
+        let f = parse_filter("").unwrap();
+        assert!(
+            !f.would_enable("anything", &Level::INFO) && f.would_enable("anything", &Level::WARN)
+        );
+        assert!(parse_filter("info,plexus_meta=loud").is_none());
+        assert!(parse_filter("=debug").is_none());
+        assert!(parse_filter("loud").is_none());
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(Format::parse("JSON"), Some(Format::Json));
+        assert_eq!(Format::parse(""), Some(Format::Text));
+        assert_eq!(Format::parse("text"), Some(Format::Text));
+        assert_eq!(Format::parse("xml"), None);
     }
 }

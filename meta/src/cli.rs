@@ -1,9 +1,15 @@
 //! The shipped binaries' mains as library functions: `plexus` ([`main`]: the CNI entry point in
 //! thin mode, or daemon mode's shim when the config has `daemonSocket`, plus `plexus explain`
-//! (offline attachment plan), `plexus version`, and `plexus daemon`, which runs the
+//! (offline attachment plan, or live for a pod: [`explain_pod`]), `plexus state` (this node's
+//! state and leftovers: [`state`]), `plexus version`, and `plexus daemon`, which runs the
 //! `plexus-daemon` binary installed next to this one) and `plexus-daemon` ([`daemon_main`]).
 //! `src/main.rs` and `src/bin/plexus-daemon.rs` are one-line calls of these, and so are the
 //! e2e tests' wrapper binaries, so the tests run exactly what cargo built for them.
+
+pub mod explain_pod;
+pub mod node_config;
+pub mod state;
+pub mod state_cmd;
 
 use crate::k8s::InClusterEnv;
 use crate::{plugin::Plexus, shim, verbs::explain};
@@ -14,6 +20,8 @@ fn usage() -> String {
         "plexus {}: multi-network CNI meta-plugin (CNI {})\n\
          usage: plexus                      (run by the container runtime with CNI_COMMAND set)\n       \
          plexus explain --config FILE --pod FILE [--nad FILE]... [--ifname NAME]\n                        [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...\n       \
+         plexus explain --pod NAMESPACE/NAME [--config FILE] [--json]   (live: the API and this node's plan)\n       \
+         plexus state [--json] [--config FILE] [--runtime-endpoint SOCKET] ...   (this node's state, leftovers)\n       \
          plexus daemon [--config FILE] [--socket PATH] ...   (daemon mode: see plexus daemon --help)\n       \
          plexus check-config FILE       (exit 0 when plexus accepts the config or conflist FILE)\n       \
          plexus version",
@@ -78,7 +86,11 @@ pub fn main() {
     let started = std::time::Instant::now();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
+        Some("explain") if explain_pod::wanted(&argv[1..]) => {
+            std::process::exit(explain_pod::main(&argv[1..]))
+        }
         Some("explain") => std::process::exit(explain::main(&argv[1..])),
+        Some("state") => std::process::exit(state_cmd::main(&argv[1..])),
         Some("daemon") => std::process::exit(exec_daemon(&argv[1..])),
         Some("check-config") => std::process::exit(check_config(&argv[1..])),
         Some("version" | "--version") => {

@@ -17,6 +17,9 @@ use serde_json::{json, Value};
 
 pub use crate::inputs::files::DeviceInputs;
 
+pub mod live;
+pub mod live_text;
+
 const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--pod-name NAME] [--nad FILE]... [--ifname eth0]
                       [--device RESOURCE=ID]... [--claims FILE]... [--slices FILE]...
   Prints the attachment plan ADD would run for the pod, or the CNI error ADD would return.
@@ -184,10 +187,15 @@ pub fn explain(
     let plan = crate::plan::for_pod(&ctx.config, ifname, &args, "<containerID>", &read)?;
     // What ADD would refuse on this node, refused here too.
     crate::nad_guard::check(&ctx.config.nad_policy, Some(&id.namespace), &label, &plan)?;
-    let cfg = &ctx.config;
+    Ok(plan_json(&ctx.config, &id.key(), &plan))
+}
+
+/// The JSON `plexus explain` prints for `plan` of pod `pod`: each attachment with the exact
+/// delegate configs ADD runs.
+pub fn plan_json(cfg: &PlexusConfig, pod: &str, plan: &[crate::plan::PlannedAttachment]) -> Value {
     let rt_path: Vec<String> = vec![cfg.bin_dir.clone()];
-    Ok(json!({
-        "pod": id.key(),
+    json!({
+        "pod": pod,
         "binDir": rt_path,
         "attachments": plan.iter().map(|a| {
             let list = a.list().ok();
@@ -206,7 +214,7 @@ pub fn explain(
                 }).collect::<Vec<_>>()).unwrap_or_default(),
             })
         }).collect::<Vec<_>>(),
-    }))
+    })
 }
 
 /// CLI entry; returns the exit code.
