@@ -140,7 +140,7 @@ pub fn start(
     client: Option<kube::Client>,
     source: Arc<dyn MetricsSource>,
 ) -> Result<(), String> {
-    let std_listener = std::net::TcpListener::bind(address)
+    let std_listener = std::net::TcpListener::bind(bracket_ipv6(address))
         .map_err(|e| format!("metrics address {address}: {e}"))?;
     let local = std_listener
         .local_addr()
@@ -155,6 +155,19 @@ pub fn start(
     tracing::info!(address = %local, scheme = transport.scheme(), auth = access.name(), "metrics endpoint serving");
     rt.spawn(serve_on(listener, transport, access, source));
     Ok(())
+}
+
+/// `fd00::5:9109` as `[fd00::5]:9109`: the DaemonSets write `$(PLEXUS_NODE_IP):9109`, and
+/// `status.hostIP` is a bare IPv6 address on an IPv6-primary node. Anything else unchanged.
+fn bracket_ipv6(address: &str) -> String {
+    if address.parse::<SocketAddr>().is_err() {
+        if let Some((host, port)) = address.rsplit_once(':') {
+            if let Ok(IpAddr::V6(ip)) = host.parse::<IpAddr>() {
+                return format!("[{ip}]:{port}");
+            }
+        }
+    }
+    address.to_string()
 }
 
 /// Serve on `listener` until the process ends: HTTPS with a self-signed certificate and the

@@ -165,3 +165,11 @@ fn allowed_tokens_are_remembered_bounded() {
     assert!(st.cached(&token_key(&(CACHE_MAX + 9).to_string())));
     assert!(!st.cached(&token_key("never")));
 }
+
+#[test]
+fn a_bare_ipv6_node_address_gets_brackets() {
+    assert_eq!(bracket_ipv6("fd00::5:9109"), "[fd00::5]:9109");
+    assert_eq!(bracket_ipv6("[fd00::5]:9109"), "[fd00::5]:9109");
+    assert_eq!(bracket_ipv6("10.0.0.5:9109"), "10.0.0.5:9109");
+    assert_eq!(bracket_ipv6("localhost:9109"), "localhost:9109");
+}
