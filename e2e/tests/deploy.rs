@@ -6,6 +6,11 @@
 //! `namespace:` set on top of an overlay); every container runs one image, `plexus:<workspace
 //! version>`, which follows `images:`.
 //!
+//! The metrics component (components/metrics, + its podmonitor) with either mode: its RBAC and
+//! PodMonitor in plexus' namespace, and the mode's metrics container patched onto the node's
+//! address (`$(PLEXUS_NODE_IP):9109` from status.hostIP, a port named `metrics`, the daemon's
+//! probes over HTTPS); without it, the daemon stays on 127.0.0.1.
+//!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`; `PLEXUS_K8S_REQUIRE=1` makes that a failure.
 
 use std::collections::BTreeSet;
@@ -144,6 +149,12 @@ fn component_objects(component: &str) -> &'static [&'static str] {
             "ValidatingAdmissionPolicy/plexus-node-restriction",
             "ValidatingAdmissionPolicyBinding/plexus-node-restriction",
         ],
+        "metrics" => &[
+            "ClusterRole/plexus-metrics-auth",
+            "ClusterRoleBinding/plexus-metrics-auth",
+            "ClusterRole/plexus-metrics-reader",
+        ],
+        "metrics/podmonitor" => &["PodMonitor/plexus"],
         other => panic!("unknown component {other}"),
     }
 }
@@ -369,4 +380,121 @@ fn the_image_tag_is_the_workspace_version() {
         .map(str::trim)
         .collect();
     assert_eq!(names, ["plexus"]);
+}
+
+/// The container of `mode`'s DaemonSet that serves metrics, and the DaemonSet's name.
+fn metrics_container(mode: &str) -> (&'static str, &'static str) {
+    match mode {
+        "thin" => ("kube-plexus-ds", "reconcile"),
+        _ => ("kube-plexus-daemon", "plexus-daemon"),
+    }
+}
+
+fn container<'r>(r: &'r Rendered, ds: &str, name: &str) -> &'r Value {
+    let d = r.find("DaemonSet", ds).expect("DaemonSet");
+    d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{ds}: no container {name}"))
+}
+
+/// The value after `flag` in a container's command.
+fn flag_value<'c>(c: &'c Value, flag: &str) -> Option<&'c str> {
+    let cmd = c["command"].as_array()?;
+    let i = cmd.iter().position(|a| a == flag)?;
+    cmd.get(i + 1)?.as_str()
+}
+
+#[test]
+fn the_metrics_component_serves_on_the_node_address_with_its_rbac_and_podmonitor() {
+    let Some(kubectl) = kubectl() else { return };
+    let copy = Copy::new();
+    let image = format!("plexus:{}", workspace_version());
+    for mode in MODES {
+        // Without the component: the daemon's metrics stay node-local, nothing on thin's.
+        let r = Rendered::render(&kubectl, &deploy_dir().join("overlays").join(mode))
+            .expect("render overlay");
+        let (ds, name) = metrics_container(mode);
+        let c = container(&r, ds, name);
+        match mode {
+            "daemon" => assert_eq!(flag_value(c, "--metrics-address"), Some("127.0.0.1:9109")),
+            _ => assert_eq!(flag_value(c, "--metrics-address"), None),
+        }
+        for with_podmonitor in [false, true] {
+            let mut components = vec![format!("components/{mode}"), "components/metrics".into()];
+            let mut parts = vec![mode, "metrics"];
+            if with_podmonitor {
+                components.push("components/metrics/podmonitor".into());
+                parts.push("metrics/podmonitor");
+            }
+            let dir = copy.combo(&format!("metrics-{mode}-{with_podmonitor}"), &components);
+            let r = Rendered::render(&kubectl, &dir).expect("render with metrics");
+            let mut expected: BTreeSet<String> = BASE.iter().map(|s| s.to_string()).collect();
+            for c in parts {
+                expected.extend(component_objects(c).iter().map(|s| s.to_string()));
+            }
+            check(&r, &expected, PLEXUS_NAMESPACE, &image);
+            let c = container(&r, ds, name);
+            assert_eq!(
+                flag_value(c, "--metrics-address"),
+                Some("$(PLEXUS_NODE_IP):9109"),
+                "{mode}: {c}"
+            );
+            let env = c["env"].as_array().expect("env");
+            let ip = env
+                .iter()
+                .find(|e| e["name"] == "PLEXUS_NODE_IP")
+                .unwrap_or_else(|| panic!("{mode}: no PLEXUS_NODE_IP in {c}"));
+            assert_eq!(ip["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP");
+            let ports = c["ports"].as_array().expect("ports");
+            assert!(
+                ports
+                    .iter()
+                    .any(|p| p["name"] == "metrics" && p["containerPort"] == 9109),
+                "{mode}: {ports:?}"
+            );
+            // No other container changed: one metrics port per pod.
+            let d = r.find("DaemonSet", ds).expect("DaemonSet");
+            let with_ports = d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .expect("containers")
+                .iter()
+                .filter(|c| c.get("ports").is_some())
+                .count();
+            assert_eq!(with_ports, 1, "{mode}");
+            if mode == "daemon" {
+                for probe in ["readinessProbe", "livenessProbe"] {
+                    let g = &c[probe]["httpGet"];
+                    assert_eq!(g["scheme"], "HTTPS", "{probe}: {g}");
+                    assert_eq!(g["port"], 9109, "{probe}: {g}");
+                    assert!(g.get("host").is_none(), "{probe} on the pod (node) IP: {g}");
+                }
+            }
+            let reader = r
+                .find("ClusterRole", "plexus-metrics-reader")
+                .expect("reader");
+            assert_eq!(reader["rules"][0]["nonResourceURLs"][0], "/metrics");
+            assert_eq!(reader["rules"][0]["verbs"][0], "get");
+            let auth = r.find("ClusterRole", "plexus-metrics-auth").expect("auth");
+            let rules = serde_json::to_string(&auth["rules"]).expect("json");
+            for r in ["tokenreviews", "subjectaccessreviews", "create"] {
+                assert!(rules.contains(r), "plexus-metrics-auth: {rules}");
+            }
+            if with_podmonitor {
+                let pm = r.find("PodMonitor", "plexus").expect("PodMonitor");
+                let ep = &pm["spec"]["podMetricsEndpoints"][0];
+                assert_eq!(ep["port"], "metrics");
+                assert_eq!(ep["scheme"], "https");
+                let labels = d["spec"]["template"]["metadata"]["labels"]["app"]
+                    .as_str()
+                    .expect("app label");
+                let selected = pm["spec"]["selector"]["matchExpressions"][0]["values"]
+                    .as_array()
+                    .expect("values");
+                assert!(selected.iter().any(|v| v == labels), "{mode}: {labels}");
+            }
+        }
+    }
 }
