@@ -112,7 +112,14 @@ pub fn exec_plugin(
     let ctx = format!("plugin {name} {}", verb.as_str());
     let started = Instant::now();
     let _phase = crate::timing::phase("delegates");
-    let finished = run(binary, verb, env, stdin, timeout).map_err(|e| e.context(&ctx))?;
+    let finished = run(binary, verb, env, stdin, timeout);
+    crate::timing::delegate_done(
+        verb.as_str(),
+        &name,
+        started.elapsed(),
+        finished.as_ref().is_ok_and(|f| f.success),
+    );
+    let finished = finished.map_err(|e| e.context(&ctx))?;
     tracing::debug!(plugin = %name, verb = verb.as_str(), ifname = %env.ifname,
         elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, ok = finished.success, "delegate finished");
     if !finished.stderr.is_empty() {

@@ -5,7 +5,26 @@
 //! call at a time, so phases of concurrent calls never mix. [`reset`] starts a call's record.
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// Told of each delegate exec: `(verb, plugin type, duration, ok)` (the metrics, see
+/// `plexus_meta::outcome`).
+pub type DelegateHook = fn(&str, &str, Duration, bool);
+
+static DELEGATE_HOOK: OnceLock<DelegateHook> = OnceLock::new();
+
+/// Install the delegate hook (the first one stays).
+pub fn set_delegate_hook(hook: DelegateHook) {
+    let _ = DELEGATE_HOOK.set(hook);
+}
+
+/// A delegate exec finished: tell the hook, if one is installed.
+pub fn delegate_done(verb: &str, plugin_type: &str, took: Duration, ok: bool) {
+    if let Some(h) = DELEGATE_HOOK.get() {
+        h(verb, plugin_type, took, ok);
+    }
+}
 
 thread_local! {
     static PHASES: RefCell<Vec<(&'static str, Duration)>> = const { RefCell::new(Vec::new()) };

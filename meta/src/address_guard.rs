@@ -171,6 +171,7 @@ fn held_in_namespace(pods: &[ListedPod], me: &PodIdentity, wanted: &[Wanted]) ->
 }
 
 fn in_use(label: &str, (network, ip, holder): Held) -> MetaError {
+    crate::outcome::sink().claim_conflict();
     MetaError::AddressInUse {
         pod: label.to_string(),
         network,
@@ -450,7 +451,10 @@ pub(crate) fn claim_all(
                 }
                 let taken = ctx.block_on(client.take_over_claim(ns, &sp, &resource_version))?;
                 match taken {
-                    Ok(()) => mine.push(w),
+                    Ok(()) => {
+                        crate::outcome::sink().claim_takeover();
+                        mine.push(w);
+                    }
                     Err(e) => {
                         tracing::info!(pod = %me.key(), error = %e, "address claim taken over by another pod first");
                         outcome = Claims::HeldBy((

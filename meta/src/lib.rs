@@ -22,6 +22,7 @@ pub mod host_local_guard;
 pub mod inputs;
 pub mod k8s;
 pub mod nad_guard;
+pub mod outcome;
 pub mod plan;
 pub mod plugin;
 pub mod pod;

@@ -30,6 +30,8 @@ pub struct Refusal {
     pub why: String,
     /// What is allowed instead.
     pub allowed: String,
+    /// The metrics' class ([`crate::outcome::refusal_class`]): `path_logs`, `host_vlans`, …
+    pub class: String,
 }
 
 /// Check `plan` for the pod in `pod_ns` (`None`: no pod, static delegates: nothing to check).
@@ -42,6 +44,7 @@ pub fn check(
 ) -> Result<(), MetaError> {
     for a in plan {
         if let Some(r) = enforced(policy, pod_ns, a).into_iter().next() {
+            crate::outcome::sink().policy_refusal(&r.class);
             return Err(MetaError::NadPolicy {
                 pod: label.to_string(),
                 network: a.network.clone(),
@@ -137,6 +140,7 @@ fn path_refusals(policy: &PathPolicy, config: &serde_json::Value) -> Vec<Refusal
                 value: pv.value,
                 why,
                 allowed,
+                class: crate::outcome::refusal_class("path", pv.class.name()),
             })
         })
         .collect()
@@ -298,6 +302,7 @@ fn host_refusals(allow: &Allowances, namespaces: &[&str], a: &PlannedAttachment)
                 allow.entries(ns, u.kind),
                 host::ALL_NAMESPACES
             ),
+            class: crate::outcome::refusal_class("host", kind),
         });
     }
     out

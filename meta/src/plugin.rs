@@ -3,6 +3,7 @@
 use crate::context::Ctx;
 use crate::inputs::api::ApiInputs;
 use crate::k8s::InClusterEnv;
+use crate::outcome;
 use crate::verbs::{add, check as verbs, del};
 use plexus_conf::error::CniError;
 use plexus_delegates::logging::{self, LogOptions};
@@ -56,35 +57,55 @@ fn log_done(verb: &str, args: &CmdArgs, ok: bool, started: Instant) {
         phases = ?timing::summary(), "{verb} done");
 }
 
+impl Plexus {
+    /// Run one verb: its context, then `f`; then its outcome line for the metrics
+    /// ([`outcome::append`]; a failure to write it is logged, never the call's).
+    fn call<T>(
+        &self,
+        verb: &str,
+        args: &CmdArgs,
+        f: impl FnOnce(&mut Ctx) -> Result<T, crate::error::MetaError>,
+    ) -> Result<T, CniError> {
+        let started = self.started.unwrap_or_else(Instant::now);
+        outcome::hook_delegates();
+        let mut cni_dir = None;
+        let out = self.ctx(args).and_then(|mut ctx| {
+            cni_dir = Some(PathBuf::from(&ctx.config.cni_dir));
+            let out = f(&mut ctx);
+            if matches!(verb, "ADD" | "DEL") {
+                log_done(verb, args, out.is_ok(), started);
+            }
+            out.map_err(CniError::from)
+        });
+        let o = outcome::take(verb, out.as_ref().err().map(|e| e.code), started.elapsed());
+        // A config that did not parse names no cniDir: the default one's.
+        let cni_dir =
+            cni_dir.unwrap_or_else(|| PathBuf::from(plexus_conf::plexus_config::DEFAULT_CNI_DIR));
+        if let Err(e) = outcome::append(&outcome::dir_of(&cni_dir), &o) {
+            tracing::warn!(error = %e, "the call's outcome is not recorded for the metrics");
+        }
+        out
+    }
+}
+
 impl Plugin for Plexus {
     fn add(&self, args: CmdArgs) -> Result<AddOutput, CniError> {
-        let started = self.started.unwrap_or_else(Instant::now);
-        let mut ctx = self.ctx(&args)?;
-        let out = add::add(&mut ctx, &mut ApiInputs, &args);
-        log_done("ADD", &args, out.is_ok(), started);
-        out.map_err(CniError::from)
+        self.call("ADD", &args, |ctx| add::add(ctx, &mut ApiInputs, &args))
     }
 
     fn del(&self, args: CmdArgs) -> Result<(), CniError> {
-        let started = self.started.unwrap_or_else(Instant::now);
-        let mut ctx = self.ctx(&args)?;
-        let out = del::del(&mut ctx, &mut ApiInputs, &args);
-        log_done("DEL", &args, out.is_ok(), started);
-        out.map_err(CniError::from)
+        self.call("DEL", &args, |ctx| del::del(ctx, &mut ApiInputs, &args))
     }
 
     fn check(&self, args: CmdArgs) -> Result<(), CniError> {
-        let mut ctx = self.ctx(&args)?;
-        verbs::check(&mut ctx, &args).map_err(CniError::from)
+        self.call("CHECK", &args, |ctx| verbs::check(ctx, &args))
     }
 
     fn status(&self, args: CmdArgs) -> Result<(), CniError> {
-        let mut ctx = self.ctx(&args)?;
-        verbs::status(&mut ctx).map_err(CniError::from)
+        self.call("STATUS", &args, verbs::status)
     }
 
     fn gc(&self, args: CmdArgs) -> Result<(), CniError> {
-        let mut ctx = self.ctx(&args)?;
-        verbs::gc(&mut ctx, &args).map_err(CniError::from)
+        self.call("GC", &args, |ctx| verbs::gc(ctx, &args))
     }
 }

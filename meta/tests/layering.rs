@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 const ORDER: &[&str] = &[
     // the version line of the binaries (build facts only)
     "build_info",
+    // one CNI call's outcome for the metrics (events reported by the stages; imports nothing
+    // of meta's)
+    "outcome",
     // data: pod identity; the API client and its error (import nothing of meta's)
     "pod",
     "k8s",

@@ -112,6 +112,9 @@ fn configs(cni_config: &str) -> Vec<(Vec<u8>, Vec<PathBuf>)> {
 const USAGE: &str =
     "usage: plexus-daemon reconcile --config FILE [--config FILE…] [--cni-path DIR[:DIR…]]
                               [--host-root DIR] [--every SECONDS]
+                              [--metrics-address HOST:PORT [--metrics-dir DIR]
+                               [--metrics-insecure-http]
+                               [--metrics-cert-file PEM --metrics-key-file PEM]]
   A pass of the node reconciler over the first FILE that exists (a plexus config or the
   conflist holding it), over its cniDir: releases every saved plan whose sandbox the runtime
   (runtimeEndpoint) no longer lists and that is older than reconcileGraceSeconds. Delegates are
@@ -120,7 +123,17 @@ const USAGE: &str =
   the daemon.
   --every SECONDS: a pass every SECONDS (1-86400) until SIGTERM/SIGINT, logging to stderr; no
   config yet (the installer has not published one), a daemon-mode config and a config that
-  does not parse are logged and waited out. Without it: one pass.";
+  does not parse are logged and waited out. Without it: one pass.
+  --metrics-address HOST:PORT (with --every): thin mode's metrics exporter. Reads the call
+  outcomes thin calls append to DIR/outcomes.jsonl (default /var/lib/cni/plexus/metrics) and
+  serves them as /metrics (HTTPS, TokenReview + SubjectAccessReview; plain HTTP only on a
+  loopback address), with /healthz and /readyz. See docs/metrics.md.";
+
+/// Thin mode's metrics directory (the default `cniDir`'s `metrics`).
+const DEFAULT_METRICS_DIR: &str = "/var/lib/cni/plexus/metrics";
+
+/// How often the exporter reads the outcome file.
+const TAIL_EVERY: Duration = Duration::from_secs(1);
 
 /// Bounds of `--every`, seconds.
 const EVERY_SECONDS: (u64, u64) = (1, 86_400);
@@ -134,6 +147,12 @@ struct Opts {
     host_root: Option<PathBuf>,
     /// Loop mode: a pass every this often; `None`: one pass.
     every: Option<Duration>,
+    /// The metrics exporter's address; `None`: no exporter.
+    metrics_address: Option<String>,
+    /// Where thin calls append their outcomes.
+    metrics_dir: PathBuf,
+    /// How the exporter serves (TLS, access).
+    metrics_serving: super::metrics_http::Serving,
 }
 
 impl Opts {
@@ -149,22 +168,34 @@ impl Opts {
                 .unwrap_or_default(),
             host_root: None,
             every: None,
+            metrics_address: None,
+            metrics_dir: PathBuf::from(DEFAULT_METRICS_DIR),
+            metrics_serving: Default::default(),
         };
         let mut it = argv.iter();
         while let Some(a) = it.next() {
             if a == "-h" || a == "--help" {
                 return Ok(None);
             }
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{a} wants a value"))
+            };
+            if o.metrics_serving.parse_flag(a, &mut value)? {
+                continue;
+            }
             let v = match a.as_str() {
-                "--config" | "--cni-path" | "--host-root" | "--every" => {
-                    it.next().ok_or(format!("{a} wants a value"))?
-                }
+                "--config" | "--cni-path" | "--host-root" | "--every" | "--metrics-address"
+                | "--metrics-dir" => it.next().ok_or(format!("{a} wants a value"))?,
                 _ => return Err(format!("bad argument {a:?}")),
             };
             match a.as_str() {
                 "--config" => o.configs.push(PathBuf::from(v)),
                 "--cni-path" => o.cni_path = std::env::split_paths(v).collect(),
                 "--host-root" => o.host_root = Some(PathBuf::from(v)),
+                "--metrics-address" => o.metrics_address = Some(v.clone()),
+                "--metrics-dir" => o.metrics_dir = PathBuf::from(v),
                 _ => {
                     let n = v
                         .parse::<u64>()
@@ -177,6 +208,9 @@ impl Opts {
         }
         if o.configs.is_empty() {
             return Err("--config is required".into());
+        }
+        if o.metrics_address.is_some() && o.every.is_none() {
+            return Err("--metrics-address wants --every (the exporter runs with the loop)".into());
         }
         Ok(Some(o))
     }
@@ -236,6 +270,60 @@ pub fn main(argv: &[String]) -> i32 {
         },
         Some(every) => run_loop(&o, every),
     }
+}
+
+/// Thin mode's metrics exporter ([`super::metrics::tail`]): a thread with a runtime of its
+/// own that reads the call outcomes every [`TAIL_EVERY`] and serves the registry on `address`.
+fn start_exporter(address: &str, o: &Opts) -> Result<(), String> {
+    use super::metrics::{tail, vf_pool, Metrics};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("plexus-metrics")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the metrics runtime: {e}"))?;
+    // Its existence turns the thin calls' recording on.
+    crate::outcome::make_dir(&o.metrics_dir)?;
+    let metrics = std::sync::Arc::new(Metrics::for_mode("thin"));
+    // The reconciler's own requests and delegate execs count too, as the daemon's do.
+    crate::outcome::install(std::sync::Arc::clone(&metrics) as _);
+    let client = match InClusterEnv::from_process_env() {
+        Some(env) => rt
+            .block_on(KubeClient::from_settings_with_kube(
+                None,
+                Some(&env),
+                crate::k8s::ClientOptions::default(),
+            ))
+            .map_err(|e| tracing::warn!(error = %e, "metrics: no API client for TokenReview"))
+            .ok()
+            .flatten()
+            .and_then(|c| c.kube_client()),
+        None => None,
+    };
+    let source = std::sync::Arc::new(tail::ThinSource {
+        metrics: std::sync::Arc::clone(&metrics),
+    });
+    super::metrics_http::start(rt.handle(), address, &o.metrics_serving, client, source)?;
+    vf_pool::spawn_refresh(
+        std::sync::Arc::clone(&metrics),
+        vf_pool::SYSFS,
+        vf_pool::REFRESH,
+    );
+    let dir = o.metrics_dir.clone();
+    tracing::info!(dir = %dir.display(), "metrics exporter reading thin calls' outcomes");
+    std::thread::Builder::new()
+        .name("plexus-metrics-tail".into())
+        .spawn(move || {
+            // The runtime serving the endpoint lives as long as this thread.
+            let _rt = rt;
+            let mut t = tail::Tail::new(&dir);
+            loop {
+                t.poll(&metrics);
+                std::thread::sleep(TAIL_EVERY);
+            }
+        })
+        .map_err(|e| format!("cannot start the metrics exporter: {e}"))?;
+    Ok(())
 }
 
 fn names(files: &[PathBuf]) -> String {
@@ -318,6 +406,13 @@ fn run_loop(o: &Opts, every: Duration) -> i32 {
             return 1;
         }
     };
+    if let Some(address) = &o.metrics_address {
+        if let Err(e) = start_exporter(address, o) {
+            tracing::error!(error = %e, "metrics exporter not started");
+            eprintln!("plexus-daemon reconcile: {e}");
+            return 2;
+        }
+    }
     tracing::info!(
         every_s = every.as_secs(),
         configs = %names(&o.configs),
@@ -421,6 +516,9 @@ mod tests {
                 cni_path: vec![PathBuf::from("/opt/cni/bin")],
                 host_root: Some(PathBuf::from("/hostroot")),
                 every: Some(Duration::from_secs(60)),
+                metrics_address: None,
+                metrics_dir: PathBuf::from(DEFAULT_METRICS_DIR),
+                metrics_serving: Default::default(),
             }
         );
         // One pass, $CNI_PATH by default.
@@ -451,12 +549,36 @@ mod tests {
             (&["--every", "5"], "--config is required"),
             (&["--config"], "--config wants a value"),
             (&["--config", "/c", "--loop"], "bad argument \"--loop\""),
+            (
+                &["--config", "/c", "--metrics-address", "127.0.0.1:9109"],
+                "--metrics-address wants --every",
+            ),
+            (
+                &["--config", "/c", "--metrics-dir"],
+                "--metrics-dir wants a value",
+            ),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(says), "{args:?}: {e}");
         }
         assert!(parse(&["--config", "/c", "--every", "1"]).is_ok());
         assert!(parse(&["--config", "/c", "--every", "86400"]).is_ok());
+        let o = parse(&[
+            "--config",
+            "/c",
+            "--every",
+            "5",
+            "--metrics-address",
+            "127.0.0.1:9109",
+            "--metrics-dir",
+            "/m",
+            "--metrics-insecure-http",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(o.metrics_address.as_deref(), Some("127.0.0.1:9109"));
+        assert_eq!(o.metrics_dir, PathBuf::from("/m"));
+        assert!(o.metrics_serving.metrics_insecure_http);
     }
 
     #[test]
@@ -468,6 +590,9 @@ mod tests {
             cni_path: Vec::new(),
             host_root: None,
             every: None,
+            metrics_address: None,
+            metrics_dir: PathBuf::new(),
+            metrics_serving: Default::default(),
         };
         assert!(matches!(pass(&o, false), Outcome::NoConfig));
         std::fs::write(&conf, br#"{"type":"plexus","daemonSocket":"/s"}"#).unwrap();

@@ -82,6 +82,9 @@ impl Server {
         metrics: Arc<Metrics>,
         handler: Arc<Handler>,
     ) -> Server {
+        // Every event of the daemon's calls (API requests, delegates, claims, refusals) is
+        // counted in this registry from now on.
+        super::metrics::install_daemon(&metrics);
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let outstanding = Arc::new(AtomicUsize::new(0));
@@ -180,15 +183,43 @@ fn accept_loop(
             None => {}
             Some(mut job) => {
                 outstanding.fetch_sub(1, Ordering::SeqCst);
-                metrics.request("unknown", "busy", job.accepted.elapsed());
                 // Read the request first (closing on unread data would reset the connection
                 // before the shim reads the answer), briefly: a slow client gets no answer.
                 let _ = job.conn.set_read_timeout(Some(Duration::from_millis(200)));
                 let _ = job.conn.set_write_timeout(Some(Duration::from_secs(1)));
-                let _ = read_message::<Request>(&mut job.conn, MAX_REQUEST_BYTES);
+                let verb = read_message::<Request>(&mut job.conn, MAX_REQUEST_BYTES)
+                    .ok()
+                    .and_then(|r| r.env.get("CNI_COMMAND").cloned())
+                    .unwrap_or_default();
                 let _ = write_message(&mut job.conn, &busy_response(limits));
+                metrics.request(&verb, "busy", code::TRY_AGAIN_LATER, job.accepted.elapsed());
             }
         }
+    }
+}
+
+/// A served call as the metrics count it: its verb, result, CNI code (read from the error the
+/// answer carries), duration, and the phases this worker thread recorded for it.
+fn finished(verb: &str, resp: &Response, took: Duration) -> crate::outcome::Outcome {
+    let code = if resp.code == 0 {
+        0
+    } else {
+        serde_json::from_str::<serde_json::Value>(&resp.stdout)
+            .ok()
+            .and_then(|v| v.get("code").and_then(serde_json::Value::as_u64))
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(code::INTERNAL)
+    };
+    crate::outcome::Outcome {
+        verb: verb.to_string(),
+        result: if resp.code == 0 { "ok" } else { "error" }.into(),
+        code,
+        seconds: took.as_secs_f64(),
+        phases: plexus_delegates::timing::phases()
+            .into_iter()
+            .map(|(n, d)| (n.to_string(), d.as_secs_f64()))
+            .collect(),
+        ..Default::default()
     }
 }
 
@@ -229,10 +260,9 @@ fn worker(
                 },
             ),
         };
-        let result = if resp.code == 0 { "ok" } else { "error" };
         let _ = write_message(&mut job.conn, &resp);
         metrics.in_flight().dec();
         outstanding.fetch_sub(1, Ordering::SeqCst);
-        metrics.request(&verb, result, job.accepted.elapsed());
+        metrics.apply(&finished(&verb, &resp, job.accepted.elapsed()));
     }
 }

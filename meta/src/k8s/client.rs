@@ -262,11 +262,14 @@ impl KubeClient {
 
     /// One attempt: send `req`; a non-success answer becomes [`K8sError::Api`].
     pub(crate) async fn exchange(&self, ctx: Ctx<'_>, req: Request) -> Result<Vec<u8>, K8sError> {
-        let answer = self
-            .transport
-            .send(req)
-            .await
-            .map_err(|e| K8sError::from_transport(ctx, e))?;
+        let (verb, resource) = super::api_labels::of(req.method(), req.uri());
+        let answer = self.transport.send(req).await;
+        let code = match &answer {
+            Ok(a) => super::api_labels::code(a.status().as_u16()),
+            Err(_) => "error",
+        };
+        crate::outcome::api_request(verb, resource, code);
+        let answer = answer.map_err(|e| K8sError::from_transport(ctx, e))?;
         let status = answer.status();
         let body = answer.into_body();
         if status.is_success() {

@@ -23,6 +23,7 @@
 //! ring provider, per-request timeouts, and work with `https://` and plain `http://` servers.
 
 mod address_claims;
+mod api_labels;
 mod client;
 mod connect;
 mod dra;

@@ -199,6 +199,7 @@ async fn write(
             }
             Err(e) if started.elapsed() >= STATUS_RETRY_FOR => {
                 tracing::error!(pod = %key, error = %e, "network-status never written: giving up, the pod runs without it");
+                crate::outcome::sink().status_given_up();
                 return;
             }
             Err(e) if e.is_transient() || warned => {

@@ -223,6 +223,7 @@ pub fn spawn_status_retry(ctx: &Ctx, client: &KubeClient, pod: &PodInfo, status:
                 Err(e) if e.is_not_found() || matches!(e, K8sError::PodReplaced { .. }) => return,
                 Err(e) if started.elapsed() > STATUS_RETRY_FOR => {
                     tracing::error!(pod = %id.key(), error = %e, "network-status never written: giving up");
+                    crate::outcome::sink().status_given_up();
                     return;
                 }
                 Err(e) => tracing::debug!(pod = %id.key(), error = %e, "network-status retry failed"),
