@@ -5,13 +5,18 @@ use plexus_conf::error::{code, CniError};
 use plexus_conf::limits;
 use plexus_conf::validate;
 use serde_json::Value;
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// What a pipe holds before a write blocks (Linux' default pipe size): a config up to this size
+/// is written to the plugin's stdin without a thread.
+const PIPE_BUFFER: usize = 64 * 1024;
 
 /// The CNI verb passed in `CNI_COMMAND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,27 +228,32 @@ pub fn die_with_parent(cmd: &mut Command) {
     }
 }
 
-fn spawn(binary: &Path, verb: Verb, env: &CniEnv) -> std::io::Result<std::process::Child> {
-    let mut cmd = Command::new(binary);
-    cmd.env("CNI_COMMAND", verb.as_str())
-        .env("CNI_CONTAINERID", &env.container_id)
-        .env("CNI_NETNS", &env.netns)
-        .env("CNI_IFNAME", &env.ifname)
-        .env("CNI_ARGS", &env.args)
-        .env(
-            "CNI_PATH",
-            std::env::join_paths(&env.path).unwrap_or_default(),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    die_with_parent(&mut cmd);
-    crate::hostroot::prepare(&mut cmd);
+/// Start the plugin (without a fork: [`crate::spawn`]) in a process group of its own, killed
+/// when plexus dies, chrooted into the host root when there is one.
+fn spawn(binary: &Path, verb: Verb, env: &CniEnv) -> std::io::Result<crate::spawn::Spawned> {
+    let cni_path = std::env::join_paths(&env.path).unwrap_or_default();
+    let root = crate::hostroot::get();
+    let mut vars: Vec<(&str, &OsStr)> = vec![
+        ("CNI_COMMAND", OsStr::new(verb.as_str())),
+        ("CNI_CONTAINERID", OsStr::new(&env.container_id)),
+        ("CNI_NETNS", OsStr::new(&env.netns)),
+        ("CNI_IFNAME", OsStr::new(&env.ifname)),
+        ("CNI_ARGS", OsStr::new(&env.args)),
+        ("CNI_PATH", &cni_path),
+    ];
+    if root.is_some() {
+        // Inside the host root, the host's PATH.
+        vars.push(("PATH", OsStr::new(crate::hostroot::HOST_PATH)));
+    }
+    let spec = crate::spawn::Spec {
+        program: binary,
+        env: &vars,
+        root,
+    };
     // A freshly installed binary can briefly be "text file busy" (libcni retries too).
     let mut attempt = 0;
     loop {
-        match cmd.spawn() {
+        match crate::spawn::spawn(&spec) {
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < 5 => {
                 attempt += 1;
                 std::thread::sleep(Duration::from_millis(100 * attempt));
@@ -261,58 +271,60 @@ fn run(
     timeout: Duration,
 ) -> Result<Finished, CniError> {
     let started = Instant::now();
-    let mut child = spawn(binary, verb, env).map_err(|e| {
+    let child = spawn(binary, verb, env).map_err(|e| {
         CniError::new(
             spawn_failure_code(&e),
             "failed to start plugin",
             format!("{}: {e}", binary.display()),
         )
     })?;
-    let pid = child.id();
-    let mut child_stdin = child.stdin.take();
-    let input = stdin.to_vec();
-    let writer = std::thread::spawn(move || {
-        if let Some(mut s) = child_stdin.take() {
-            // A plugin may exit without reading stdin; a broken pipe is not our error.
-            let _ = s.write_all(&input);
-        }
-    });
-    let mut err_pipe = child.stderr.take();
+    let pid = child.pid;
+    let mut child_stdin = child.stdin;
+    // A plugin may exit without reading stdin; a broken pipe is not our error. A config that
+    // fits the pipe's buffer is written at once (no thread); a larger one by a thread, so a
+    // plugin that never reads cannot block this one past the deadline.
+    let writer = if stdin.len() <= PIPE_BUFFER {
+        let _ = child_stdin.write_all(stdin);
+        drop(child_stdin);
+        None
+    } else {
+        let input = stdin.to_vec();
+        Some(std::thread::spawn(move || {
+            let _ = child_stdin.write_all(&input);
+        }))
+    };
+    let mut err_pipe = child.stderr;
     let (err_tx, err_rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut buf = Vec::new();
-        if let Some(p) = err_pipe.as_mut() {
-            // Keep the first MAX_DELEGATE_STDERR_BYTES for the log, drop the rest.
-            let _ = p
-                .take(limits::MAX_DELEGATE_STDERR_BYTES as u64)
-                .read_to_end(&mut buf);
-            let _ = std::io::copy(p, &mut std::io::sink());
-        }
+        // Keep the first MAX_DELEGATE_STDERR_BYTES for the log, drop the rest.
+        let _ = (&mut err_pipe)
+            .take(limits::MAX_DELEGATE_STDERR_BYTES as u64)
+            .read_to_end(&mut buf);
+        let _ = std::io::copy(&mut err_pipe, &mut std::io::sink());
         let _ = err_tx.send(buf);
     });
     let (tx, rx) = mpsc::channel();
-    let mut out_pipe = child.stdout.take();
+    let mut out_pipe = child.stdout;
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let mut oversize = None;
-        if let Some(p) = out_pipe.as_mut() {
-            let cap = limits::MAX_DELEGATE_STDOUT_BYTES;
-            let _ = p.take(cap as u64 + 1).read_to_end(&mut buf);
-            if buf.len() > cap {
-                // Over the cap: stop the plugin, count what it had written.
-                kill_group(pid);
-                let rest = std::io::copy(p, &mut std::io::sink()).unwrap_or(0);
-                oversize = Some(buf.len() + rest as usize);
-                buf.clear();
-            }
+        let cap = limits::MAX_DELEGATE_STDOUT_BYTES;
+        let _ = (&mut out_pipe).take(cap as u64 + 1).read_to_end(&mut buf);
+        if buf.len() > cap {
+            // Over the cap: stop the plugin, count what it had written.
+            kill_group(pid as u32);
+            let rest = std::io::copy(&mut out_pipe, &mut std::io::sink()).unwrap_or(0);
+            oversize = Some(buf.len() + rest as usize);
+            buf.clear();
         }
-        let status = child.wait();
+        let status = crate::spawn::wait(pid);
         let _ = tx.send((status, buf, oversize));
     });
     let (status, stdout, oversize) = match rx.recv_timeout(timeout) {
         Ok(v) => v,
         Err(_) => {
-            kill_group(pid);
+            kill_group(pid as u32);
             let _ = rx.recv_timeout(Duration::from_secs(5));
             return Err(CniError::new(
                 code::DELEGATE_TIMEOUT,
@@ -325,7 +337,9 @@ fn run(
             ));
         }
     };
-    let _ = writer.join();
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
     if let Some(size) = oversize {
         return Err(limits::too_large(
             "plugin output",
@@ -340,7 +354,7 @@ fn run(
     let stderr = match err_rx.recv_timeout(remaining) {
         Ok(b) => b,
         Err(_) => {
-            kill_group(pid);
+            kill_group(pid as u32);
             err_rx
                 .recv_timeout(Duration::from_secs(1))
                 .unwrap_or_default()
@@ -381,6 +395,7 @@ fn kill_group(pid: u32) {
 mod tests {
     use super::*;
     use std::fs;
+    use std::process::Stdio;
 
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);

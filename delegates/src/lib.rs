@@ -12,6 +12,7 @@ pub mod lock;
 pub mod logging;
 pub mod netns;
 pub mod skel;
+pub mod spawn;
 pub mod support;
 pub mod timing;
 
