@@ -224,13 +224,13 @@ fn served_by_the_daemon(s: Setup) {
         .starts_with("10.244.61."));
     assert!(ns.links().contains(&"eth0".to_string()));
     assert_eq!(
-        d.metric("plexus_cni_requests_total{verb=\"ADD\",result=\"ok\"}"),
+        d.metric("plexus_cni_requests_total{verb=\"ADD\",result=\"ok\",code=\"0\"}"),
         1.0
     );
     s.call("CHECK", "d-1", &ns.path(), &cfg).ok();
     s.call("DEL", "d-1", &ns.path(), &cfg).ok();
     assert_eq!(
-        d.metric("plexus_cni_requests_total{verb=\"DEL\",result=\"ok\"}"),
+        d.metric("plexus_cni_requests_total{verb=\"DEL\",result=\"ok\",code=\"0\"}"),
         1.0
     );
     assert!(!ns.links().contains(&"eth0".to_string()));
