@@ -70,7 +70,10 @@ pub use bins::K8sBins;
 pub use metrics::{RequestCounts, RequestKey};
 pub use pki::CertPair;
 pub use proc::Proc;
-pub use suite::{bins_or_skip, control_plane_or_skip, setup_or_report, CliArgs, Suite};
+pub use suite::{
+    bins_or_skip, control_plane_or_skip, control_plane_with_service_range_or_skip, setup_or_report,
+    CliArgs, Suite,
+};
 
 use https::HttpsGet;
 use pki::Ca;
@@ -96,6 +99,12 @@ pub struct ControlPlane {
 /// The file in a control plane's directory naming the test process that owns it.
 pub(crate) const OWNER_FILE: &str = "owner-pid";
 
+/// The Services' range of an IPv4 cluster (every tier's unless it asks otherwise).
+pub const SERVICE_RANGE_V4: &str = "10.96.0.0/16";
+
+/// The Services' ranges of a dual-stack cluster (IPv4 first: the primary family).
+pub const SERVICE_RANGE_DUAL: &str = "10.96.0.0/16,fd00:10:96::/112";
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -104,6 +113,12 @@ pub fn free_port() -> Result<u16> {
 impl ControlPlane {
     /// Start etcd and kube-apiserver in a fresh temporary directory and wait for `/readyz`.
     pub fn start(bins: &K8sBins) -> Result<ControlPlane> {
+        Self::start_with_service_range(bins, SERVICE_RANGE_V4)
+    }
+
+    /// [`ControlPlane::start`] with `--service-cluster-ip-range=<range>`: a comma-separated
+    /// pair (one range per family, e.g. [`SERVICE_RANGE_DUAL`]) makes a dual-stack cluster.
+    pub fn start_with_service_range(bins: &K8sBins, range: &str) -> Result<ControlPlane> {
         let t0 = Instant::now();
         // 0700: it holds the CA's and the apiserver's keys and the admin token.
         let dir = tempfile::Builder::new()
@@ -173,7 +188,7 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            format!("--service-cluster-ip-range={range}"),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
             format!("--audit-policy-file={}", p("audit-policy.yaml")),

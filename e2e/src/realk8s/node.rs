@@ -53,6 +53,17 @@ pub fn use_runtime(runtime: Runtime) {
     *RUNTIME.lock().unwrap_or_else(|e| e.into_inner()) = runtime;
 }
 
+/// The IPv6 node address of the nodes started from now on (`None`: IPv4 only, every tier's
+/// unless it asks otherwise).
+static NODE_IPV6: Mutex<Option<String>> = Mutex::new(None);
+
+/// Start the next nodes dual-stack: the kubelet's `--node-ip` is eth0's IPv4 address and
+/// `ipv6` (an address on a host link of the tier's own, which must exist before the node
+/// starts: the kubelet checks its node IPs are local); `None` goes back to IPv4 only.
+pub fn use_node_ipv6(ipv6: Option<&str>) {
+    *NODE_IPV6.lock().unwrap_or_else(|e| e.into_inner()) = ipv6.map(str::to_string);
+}
+
 /// A node's runtime and its programs.
 #[derive(Clone, Debug)]
 pub(crate) enum Engine {
@@ -79,6 +90,7 @@ pub struct Node<'a> {
     cp: &'a ControlPlane,
     name: String,
     node_ip: String,
+    node_ip6: Option<String>,
     cgroup_root: String,
     cri: Cri,
     engine: Engine,
@@ -125,6 +137,7 @@ impl<'a> Node<'a> {
             cp,
             name: name.to_string(),
             node_ip,
+            node_ip6: NODE_IPV6.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             cgroup_root,
             cri: Cri::new(&socket),
             engine,
@@ -262,7 +275,10 @@ impl<'a> Node<'a> {
             format!("--config={}", p("kubelet/config.yaml")),
             format!("--kubeconfig={}", p("kubelet/kubeconfig")),
             format!("--hostname-override={}", self.name),
-            format!("--node-ip={}", self.node_ip),
+            match &self.node_ip6 {
+                Some(v6) => format!("--node-ip={},{v6}", self.node_ip),
+                None => format!("--node-ip={}", self.node_ip),
+            },
             format!("--root-dir={}", p("kubelet/root")),
             format!("--cert-dir={}", p("kubelet/pki")),
             "--v=2".into(),
@@ -438,6 +454,11 @@ impl<'a> Node<'a> {
     /// The node's IPv4 address (eth0's, read only).
     pub fn ip(&self) -> &str {
         &self.node_ip
+    }
+
+    /// The node's IPv6 address on a dual-stack node (see [`use_node_ipv6`]).
+    pub fn ip6(&self) -> Option<&str> {
+        self.node_ip6.as_deref()
     }
 
     /// Delete host link `name` when the node stops (bridges the CNI plugins create, test links).

@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
-use super::node::{wait_for, Node};
-use super::overlay::{Kind, Overlay};
+use super::node::{use_node_ipv6, wait_for, Node};
+use super::overlay::{Family, Kind, Overlay};
 use super::{tail, ControlPlane, Proc};
 
 /// The overlays of `list` (kind, pod-range octet, full case list) a run's filter selects: a
@@ -51,13 +51,56 @@ impl<'a> OverlayNode<'a> {
         name: &str,
         links: &[String],
     ) -> Result<OverlayNode<'a>> {
-        let mut overlay = Overlay::new(kind, octet, tag)?;
+        Self::start_family(cp, kind, Family::V4, octet, tag, name, links)
+    }
+
+    /// [`OverlayNode::start`] with pods of `family`: for IPv6, the overlay's host side first
+    /// ([`Overlay::prepare_host`]), the kubelet with both node IPs ([`use_node_ipv6`]), the
+    /// node's podCIDRs, flanneld's or calico's IPv6 config.
+    pub fn start_family(
+        cp: &'a ControlPlane,
+        kind: Kind,
+        family: Family,
+        octet: u8,
+        tag: &str,
+        name: &str,
+        links: &[String],
+    ) -> Result<OverlayNode<'a>> {
+        let mut overlay = Overlay::new(kind, octet, tag)?.with_family(family);
+        let host_links = overlay.prepare_host()?;
+        let ipv6 = family.v6().then(|| overlay.node_ipv6());
+        use_node_ipv6(ipv6.as_deref());
+        let node = Self::boot(cp, &overlay, kind, name);
+        use_node_ipv6(None);
+        let node = match node {
+            Ok(n) => n,
+            Err(e) => {
+                for l in &host_links {
+                    let _ = std::process::Command::new("ip")
+                        .args(["link", "del", l])
+                        .output();
+                }
+                return Err(e);
+            }
+        };
+        for l in &host_links {
+            node.own_link(l);
+        }
+        overlay.start(cp, &node)?;
+        for l in links {
+            node.own_link(l);
+        }
+        Ok(OverlayNode { node, overlay })
+    }
+
+    /// The node started with `overlay`'s conflist and plugins.
+    fn boot(cp: &'a ControlPlane, overlay: &Overlay, kind: Kind, name: &str) -> Result<Node<'a>> {
         let plugins = overlay_plugins(kind)?;
         // The overlay's plugins are in the CNI bin dir with its conflist, before the runtime
         // starts: CRI-O loads a CNI config only when every plugin it names is there (else the
         // node stays NetworkReady=false until the conf dir changes). [`Overlay::start`] links
         // them again.
-        let node = Node::start(cp, cp.bins(), name, overlay.conf_name(), &|dir: &Path| {
+        Node::start(cp, cp.bins(), name, overlay.conf_name(), &|dir: &Path| {
             let bin_dir = dir.join("cni/bin");
             for (name, bin) in &plugins {
                 let dst = bin_dir.join(name);
@@ -67,12 +110,7 @@ impl<'a> OverlayNode<'a> {
                 }
             }
             overlay.conflist(dir)
-        })?;
-        overlay.start(cp, &node)?;
-        for l in links {
-            node.own_link(l);
-        }
-        Ok(OverlayNode { node, overlay })
+        })
     }
 
     /// Stop the overlay, then the node (idempotent; the node also stops on drop).

@@ -51,9 +51,45 @@ impl Kind {
     }
 }
 
+/// The address families pods get on the cluster network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4 only (every tier's unless it asks otherwise).
+    V4,
+    /// IPv4 and IPv6 (IPv4 the primary family).
+    Dual,
+    /// IPv6 only.
+    V6,
+}
+
+impl Family {
+    /// Whether pods get an IPv4 address.
+    pub fn v4(self) -> bool {
+        self != Family::V6
+    }
+
+    /// Whether pods get an IPv6 address.
+    pub fn v6(self) -> bool {
+        self != Family::V4
+    }
+
+    /// Lower-case name (case names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::Dual => "dual",
+            Family::V6 => "ipv6",
+        }
+    }
+}
+
 /// One tier's cluster network.
 pub struct Overlay {
     kind: Kind,
+    /// The pods' families ([`Family::V4`] unless [`Overlay::with_family`]).
+    family: Family,
+    /// Whether [`Overlay::prepare_host`] made the veth pair flanneld binds to.
+    veth_ready: bool,
     /// Second octet of the pod range `10.<octet>.0.0/16` (unique per tier).
     octet: u8,
     /// Prefix for host link names (≤ 10 bytes; unique per tier).
@@ -107,6 +143,8 @@ impl Overlay {
         }
         Ok(Overlay {
             kind,
+            family: Family::V4,
+            veth_ready: false,
             octet,
             tag: tag.to_string(),
             binaries,
@@ -118,6 +156,54 @@ impl Overlay {
     /// Which overlay.
     pub fn kind(&self) -> Kind {
         self.kind
+    }
+
+    /// The same overlay giving pods `family` (IPv6 in `fd00:10:<octet>::/56`; flannel with
+    /// `EnableIPv6`, calico with an IPv6 IPPool and `assign_ipv6`); the node needs
+    /// [`Overlay::prepare_host`] before it starts.
+    pub fn with_family(mut self, family: Family) -> Overlay {
+        self.family = family;
+        self
+    }
+
+    /// The pods' families.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// The pods' IPv6 range (flannel's `IPv6Network`, calico's IPv6 pool).
+    pub fn pod_cidr6(&self) -> String {
+        match self.kind {
+            Kind::Bridge => format!("fd00:10:{}::/64", self.octet),
+            _ => format!("fd00:10:{}::/56", self.octet),
+        }
+    }
+
+    /// The node's IPv6 address on the tier's veth (made by [`Overlay::prepare_host`]): the
+    /// kubelet's second `--node-ip` and the address flanneld's IPv6 VXLAN binds to.
+    pub fn node_ipv6(&self) -> String {
+        format!("fd00:31:{}::1", self.octet)
+    }
+
+    /// The host side of a node with IPv6 pods, made before the node starts (the kubelet checks
+    /// its node IPs are local): the tier's veth pair with `172.31.<octet>.1/30` and
+    /// [`Overlay::node_ipv6`]`/64` (flannel binds its VXLANs to it). Returns the host links made,
+    /// for the node to delete. Nothing for an IPv4-only overlay.
+    pub fn prepare_host(&mut self) -> Result<Vec<String>> {
+        if !self.family.v6() {
+            return Ok(Vec::new());
+        }
+        let (a, b) = self.veth();
+        let _ = Command::new("ip").args(["link", "del", &a]).output();
+        run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b])?;
+        let v4 = format!("172.31.{}.1/30", self.octet);
+        let v6 = format!("{}/64", self.node_ipv6());
+        run(&["ip", "addr", "add", &v4, "dev", &a])?;
+        run(&["ip", "-6", "addr", "add", &v6, "dev", &a, "nodad"])?;
+        run(&["ip", "link", "set", &a, "up"])?;
+        run(&["ip", "link", "set", &b, "up"])?;
+        self.veth_ready = true;
+        Ok(vec![a])
     }
 
     /// The file its installer writes in the CNI conf dir.
@@ -175,7 +261,7 @@ impl Overlay {
             Kind::Bridge => json!({"cniVersion":"1.0.0","name":"cbr0","plugins":[
                 {"type":"bridge","bridge":self.bridge(),"isGateway":true,"isDefaultGateway":true,
                  "ipMasq":false,"hairpinMode":true,
-                 "ipam":{"type":"host-local","dataDir":ipam_dir,"ranges":[[{"subnet":self.pod_cidr()}]]}},
+                 "ipam":{"type":"host-local","dataDir":ipam_dir,"ranges":self.bridge_ranges()}},
                 {"type":"portmap","capabilities":{"portMappings":true}}]}),
             // kube-flannel.yml's cni-conf.json (cniVersion 0.3.1), with the state paths and the
             // bridge name of this node.
@@ -193,11 +279,68 @@ impl Overlay {
                  // calico-node writes /var/lib/calico/nodename; the plugin requires the file
                  // even with "nodename" set (unless nodename_file_optional).
                  "nodename_file":node_dir.join("calico/nodename"),
-                 "ipam":{"type":"calico-ipam"},"policy":{"type":"k8s"},
+                 "ipam":self.calico_ipam(),"policy":{"type":"k8s"},
                  "kubernetes":{"kubeconfig":node_dir.join("cni/net.d/calico-kubeconfig")}},
                 {"type":"bandwidth","capabilities":{"bandwidth":true}},
                 {"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}),
         }
+    }
+
+    /// host-local's ranges of the bridge stand-in, one per family.
+    fn bridge_ranges(&self) -> Value {
+        let mut r = Vec::new();
+        if self.family.v4() {
+            r.push(json!([{"subnet": self.pod_cidr()}]));
+        }
+        if self.family.v6() {
+            r.push(json!([{"subnet": self.pod_cidr6()}]));
+        }
+        json!(r)
+    }
+
+    /// calico-ipam's config: as calico.yaml has it for IPv4 only; otherwise `assign_ipv4`,
+    /// `assign_ipv6` and this tier's own pools (`ipv4_pools`, `ipv6_pools`: another tier's pools
+    /// on the same control plane are never drawn from).
+    fn calico_ipam(&self) -> Value {
+        match self.family {
+            Family::V4 => json!({"type":"calico-ipam"}),
+            f => {
+                let mut ipam = json!({"type":"calico-ipam",
+                    "assign_ipv4": f.v4().to_string(), "assign_ipv6": "true",
+                    "ipv6_pools": [self.pod_cidr6()]});
+                if f.v4() {
+                    ipam["ipv4_pools"] = json!([self.pod_cidr()]);
+                }
+                ipam
+            }
+        }
+    }
+
+    /// The node's `spec.podCIDRs` (flannel's `--kube-subnet-mgr` reads them), one per family.
+    fn node_pod_cidrs(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.family.v4() {
+            v.push(format!("10.{}.0.0/24", self.octet));
+        }
+        if self.family.v6() {
+            v.push(format!("fd00:10:{}::/64", self.octet));
+        }
+        v
+    }
+
+    /// flanneld's net-conf.json.
+    fn flannel_net_conf(&self) -> Value {
+        let mut c = json!({"Backend": {"Type": "vxlan", "VNI": self.octet}});
+        if self.family.v4() {
+            c["Network"] = json!(self.pod_cidr());
+        } else {
+            c["EnableIPv4"] = json!(false);
+        }
+        if self.family.v6() {
+            c["EnableIPv6"] = json!(true);
+            c["IPv6Network"] = json!(self.pod_cidr6());
+        }
+        c
     }
 
     /// Set the overlay up on the running `node` (see the module doc); the conflist is already
@@ -223,8 +366,8 @@ impl Overlay {
 
     fn start_flannel(&mut self, cp: &ControlPlane, node: &Node<'_>) -> Result<()> {
         let name = node.name();
-        let subnet = format!("10.{}.0.0/24", self.octet);
-        let patch = json!({"spec":{"podCIDR":subnet,"podCIDRs":[subnet]}}).to_string();
+        let cidrs = self.node_pod_cidrs();
+        let patch = json!({"spec":{"podCIDR":cidrs[0],"podCIDRs":cidrs}}).to_string();
         cp.kubectl(&["patch", "node", name, "--type", "merge", "-p", &patch])?;
         let rbac = json!({"apiVersion":"v1","kind":"List","items":[
             {"apiVersion":"v1","kind":"Namespace","metadata":{"name":"kube-flannel"}},
@@ -245,22 +388,22 @@ impl Overlay {
         let kubeconfig = dir.join("flanneld.kubeconfig");
         cp.write_kubeconfig(&kubeconfig, &cp.create_token("kube-flannel", "flannel")?)?;
         let conf = dir.join("net-conf.json");
-        std::fs::write(
-            &conf,
-            json!({"Network": self.pod_cidr(),
-                   "Backend": {"Type": "vxlan", "VNI": self.octet}})
-            .to_string(),
-        )?;
+        std::fs::write(&conf, self.flannel_net_conf().to_string())?;
         // The interface flanneld binds the VXLAN to: a veth pair of the tier's own.
         let (a, b) = self.veth();
         node.own_link(&a);
         node.own_link(&self.vxlan());
-        let _ = Command::new("ip").args(["link", "del", &a]).output();
-        run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b])?;
-        let addr = format!("172.31.{}.1/30", self.octet);
-        run(&["ip", "addr", "add", &addr, "dev", &a])?;
-        run(&["ip", "link", "set", &a, "up"])?;
-        run(&["ip", "link", "set", &b, "up"])?;
+        if self.family.v6() {
+            node.own_link(&format!("flannel-v6.{}", self.octet));
+        }
+        if !self.veth_ready {
+            let _ = Command::new("ip").args(["link", "del", &a]).output();
+            run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b])?;
+            let addr = format!("172.31.{}.1/30", self.octet);
+            run(&["ip", "addr", "add", &addr, "dev", &a])?;
+            run(&["ip", "link", "set", &a, "up"])?;
+            run(&["ip", "link", "set", &b, "up"])?;
+        }
         let flanneld = &self
             .binaries
             .iter()
@@ -291,7 +434,12 @@ impl Overlay {
         .with_context(|| super::tail(&log, 20))?;
         let env = std::fs::read_to_string(&subnet_env)?;
         ensure!(
-            env.contains(&format!("FLANNEL_SUBNET=10.{}.0.1/24", self.octet)),
+            !self.family.v4() || env.contains(&format!("FLANNEL_SUBNET=10.{}.0.1/24", self.octet)),
+            "{env}"
+        );
+        ensure!(
+            !self.family.v6()
+                || env.contains(&format!("FLANNEL_IPV6_SUBNET=fd00:10:{}::1/64", self.octet)),
             "{env}"
         );
         Ok(())
@@ -326,10 +474,17 @@ impl Overlay {
             ])?;
         }
         let pool = format!("plexus-{}", self.octet);
+        if self.family.v6() {
+            let v6 = json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
+                "metadata":{"name":format!("{pool}-v6")},
+                "spec":{"cidr":self.pod_cidr6(),"blockSize":122,"ipipMode":"Never",
+                        "vxlanMode":"Never","natOutgoing":false,"nodeSelector":"all()"}});
+            cp.apply(&v6.to_string())?;
+        }
         cp.apply(&format!(
             r#"{{"apiVersion":"v1","kind":"List","items":[
   {{"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{{"name":"{pool}"}},
-    "spec":{{"cidr":"{cidr}","blockSize":26,"ipipMode":"Never","vxlanMode":"Never","natOutgoing":false,"nodeSelector":"all()"}}}},
+    "spec":{{"cidr":"{cidr}","blockSize":26,"ipipMode":"Never","vxlanMode":"Never","natOutgoing":false,"nodeSelector":"all()","disabled":{disabled}}}}},
   {{"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation","metadata":{{"name":"default"}},
     "spec":{{"datastoreReady":true}}}},
   {{"apiVersion":"v1","kind":"ServiceAccount","metadata":{{"name":"calico-cni-plugin","namespace":"kube-system"}}}},
@@ -343,7 +498,8 @@ impl Overlay {
     "roleRef":{{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"calico-cni-plugin"}},
     "subjects":[{{"kind":"ServiceAccount","name":"calico-cni-plugin","namespace":"kube-system"}}]}}
 ]}}"#,
-            cidr = self.pod_cidr()
+            cidr = self.pod_cidr(),
+            disabled = !self.family.v4(),
         ))?;
         cp.create_namespace("kube-system")?;
         let token = cp.create_token("kube-system", "calico-cni-plugin")?;
@@ -382,18 +538,22 @@ impl Overlay {
                     // The apiserver may be down (a case stops it): not a leftover.
                     Err(e) => eprintln!("overlay: list ipamhandles: {e:#}"),
                 }
-                let prefix = format!("10.{}.", self.octet);
-                let out = Command::new("ip")
-                    .args(["-j", "-4", "route", "show"])
-                    .output();
-                let routes: Value = out
-                    .ok()
-                    .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-                    .unwrap_or(json!([]));
-                for r in routes.as_array().into_iter().flatten() {
-                    let dst = r["dst"].as_str().unwrap_or("");
-                    if dst.starts_with(&prefix) && !dst.contains('/') {
-                        v.push(format!("calico route {dst} dev {}", r["dev"]));
+                for (family, prefix) in [
+                    ("-4", format!("10.{}.", self.octet)),
+                    ("-6", format!("fd00:10:{}:", self.octet)),
+                ] {
+                    let out = Command::new("ip")
+                        .args(["-j", family, "route", "show"])
+                        .output();
+                    let routes: Value = out
+                        .ok()
+                        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+                        .unwrap_or(json!([]));
+                    for r in routes.as_array().into_iter().flatten() {
+                        let dst = r["dst"].as_str().unwrap_or("");
+                        if dst.starts_with(&prefix) && !dst.contains('/') {
+                            v.push(format!("calico route {dst} dev {}", r["dev"]));
+                        }
                     }
                 }
             }
@@ -416,18 +576,26 @@ impl Drop for Overlay {
     }
 }
 
-/// Lines of `iptables-save` (every table) that name one of `ids` (portmap's and bridge's
-/// ipMasq rules carry the container ID in their comments).
+/// Lines of `iptables-save` and `ip6tables-save` (every table) that name one of `ids`
+/// (portmap's and bridge's ipMasq rules carry the container ID in their comments).
 pub fn iptables_naming(ids: &[String]) -> Vec<String> {
-    let Ok(out) = Command::new("iptables-save").output() else {
-        return Vec::new();
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
     let ids: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
-    text.lines()
-        .filter(|l| ids.iter().any(|id| l.contains(id)))
-        .map(|l| format!("iptables: {l}"))
-        .collect()
+    let mut v = Vec::new();
+    for (tool, label) in [
+        ("iptables-save", "iptables"),
+        ("ip6tables-save", "ip6tables"),
+    ] {
+        let Ok(out) = Command::new(tool).output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        v.extend(
+            text.lines()
+                .filter(|l| ids.iter().any(|id| l.contains(id)))
+                .map(|l| format!("{label}: {l}")),
+        );
+    }
+    v
 }
 
 fn run(args: &[&str]) -> Result<()> {

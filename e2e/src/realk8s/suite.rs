@@ -43,6 +43,12 @@ pub fn control_plane_or_skip() -> Option<super::ControlPlane> {
     Some(super::ControlPlane::start(&bins).expect("start control plane"))
 }
 
+/// [`control_plane_or_skip`] with the Services' `range` (e.g. [`super::SERVICE_RANGE_DUAL`]).
+pub fn control_plane_with_service_range_or_skip(range: &str) -> Option<super::ControlPlane> {
+    let bins = bins_or_skip()?;
+    Some(super::ControlPlane::start_with_service_range(&bins, range).expect("start control plane"))
+}
+
 /// The tier's setup, or `None` after printing why it failed, with the API server's last log
 /// lines (the tier then exits with a failure).
 pub fn setup_or_report<T>(
