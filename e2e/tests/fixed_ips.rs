@@ -195,6 +195,73 @@ fn replicas_get_their_ordinals_address_and_no_address_is_given_twice() {
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 }
 
+/// IPv6 and dual entries per ordinal: `pg-0` gets an IPv4 and an IPv6 address, `pg-1` an IPv6
+/// one only, both on `net1` and in network-status; a bare pod asking for `pg-0`'s IPv6 address
+/// in its long form is refused (11) naming `pg-0` (one address, however written).
+#[test]
+fn ipv6_and_dual_entries_per_ordinal_reach_the_replicas_and_are_held() {
+    let node = Node::new(75);
+    let cfg = json!({"cniVersion":"1.0.0","type":"macvlan","master":node.master.0,"mode":"bridge",
+        "ipam":{"type":"static"}});
+    let mapping = r#"{"pg":[["10.175.0.20/24","fd00:175::20/64"],"fd00:175::21/64"]}"#;
+    node.api
+        .put_nad("db", "data6", &cfg.to_string(), &[(MAPPING, mapping)])
+        .unwrap();
+    let (n0, n1, n2) = (Netns::new(), Netns::new(), Netns::new());
+    for (name, ns, want) in [
+        ("pg-0", &n0, vec!["10.175.0.20", "fd00:175::20"]),
+        ("pg-1", &n1, vec!["fd00:175::21"]),
+    ] {
+        node.pod(name, Some("pg"), json!("data6"));
+        node.call("ADD", name, ns).ok();
+        let mut got = ns.addrs("net1");
+        got.sort();
+        let mut cidrs: Vec<String> = want
+            .iter()
+            .map(|a| {
+                if a.contains(':') {
+                    format!("{a}/64")
+                } else {
+                    format!("{a}/24")
+                }
+            })
+            .collect();
+        cidrs.sort();
+        assert_eq!(got, cidrs, "{name}'s net1");
+        let pod = node.api.get_pod("db", name).unwrap();
+        let st: Value =
+            serde_json::from_str(pod["metadata"]["annotations"][STATUS].as_str().unwrap()).unwrap();
+        let mut ips: Vec<String> = st[1]["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        ips.sort();
+        let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(ips, want, "{name}'s network-status: {st}");
+    }
+    let intruder = json!(
+        json!([{"name":"data6","ips":["fd00:0175:0000:0000:0000:0000:0000:0020/64"]}]).to_string()
+    );
+    node.pod("intruder6", None, intruder);
+    let e = node.call("ADD", "intruder6", &n2).err().clone();
+    assert_eq!(e["code"], 11, "{e}");
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains("address fd00:175::20 is in use by pod db/pg-0"),
+        "{e}"
+    );
+    assert_eq!(n2.links(), vec!["lo"]);
+    for (name, ns) in [("intruder6", &n2), ("pg-0", &n0), ("pg-1", &n1)] {
+        node.call("DEL", name, ns).ok();
+    }
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
 #[test]
 fn a_successor_waits_for_the_old_replica_still_attached_on_this_node() {
     let node = Node::new(74);
