@@ -27,6 +27,18 @@ if ! command -v cargo >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
   fi
 fi
+# Debian's Prometheus 2.42 and promtool, for the test run only (scripts/test.sh sets
+# PLEXUS_SETUP_TESTS=1): the alert rules are checked with promtool, and the metrics tier
+# scrapes a real node with a real Prometheus it starts itself. Without the recommended node exporter; the packaged service is
+# stopped and disabled where systemd started it, so nothing keeps running on the host.
+if [ "${PLEXUS_SETUP_TESTS:-0}" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+fi
 # The SR-IOV VM tier (QEMU with an emulated igb NIC, Debian's kernel in target/vm): only for the
 # test run (scripts/test.sh sets PLEXUS_SETUP_VM=1), not for the demo. PLEXUS_VM_TIER=skip opts out.
 if [ "${PLEXUS_SETUP_VM:-0}" = 1 ] && [ "${PLEXUS_VM_TIER:-}" != skip ]; then

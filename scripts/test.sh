@@ -8,6 +8,8 @@ fi
 cd "$(dirname "$0")/.."
 # Also installs the SR-IOV VM tier's QEMU and kernel (PLEXUS_VM_TIER=skip to leave it out).
 export PLEXUS_SETUP_VM=1
+# Also installs what only the tests use (Prometheus and promtool for the metrics tiers).
+export PLEXUS_SETUP_TESTS=1
 source scripts/setup.sh
 export CARGO_TERM_COLOR=never
 # One full run builds every test binary once: incremental caches would only add gigabytes of disk.
