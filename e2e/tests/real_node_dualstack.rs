@@ -835,19 +835,25 @@ impl<'a> Tier<'a> {
         })
     }
 
-    /// `ips` in the selection with IPv6 addresses (and an IPv4 one beside): the addresses are on
-    /// net1 as asked, in network-status, and answer pod ↔ pod over IPv6.
+    /// `ips` in the selection with IPv6 addresses: both families on a static-IPAM NAD with the
+    /// `ips` capability (i1), IPv6 alone there (i2), both families on the host-local dual NAD
+    /// without the capability (i3: host-local reads one `CNI_ARGS IP=`, so two addresses must
+    /// reach it as `args.cni.ips`). The addresses are on net1 as asked, in network-status, and
+    /// answer pod ↔ pod over IPv6 (and IPv4 between i3 and the bridge's gateway).
     fn ips_v6(&self) -> Result<()> {
         let (a6, b6, a4) = (
             "2001:db8:231:5::10/64",
             "2001:db8:231:5::11/64",
             "10.231.5.10/24",
         );
+        let (c4, c6) = ("10.231.1.60/24", "2001:db8:231:1::60/64");
         let sa = json!([{"name":"st-ips","ips":[a4, a6]}]);
         let sb = json!([{"name":"st-ips","ips":[b6]}]);
-        self.with_pods("ips", &[("i1", Some(sa)), ("i2", Some(sb))], |all| {
+        let sc = json!([{"name":"br-dual","ips":[c4, c6]}]);
+        let pods = [("i1", Some(sa)), ("i2", Some(sb)), ("i3", Some(sc))];
+        self.with_pods("ips", &pods, |all| {
             let mut got = Vec::new();
-            for ((name, netns), want) in all.iter().zip([vec![a4, a6], vec![b6]]) {
+            for ((name, netns), want) in all.iter().zip([vec![a4, a6], vec![b6], vec![c4, c6]]) {
                 let pod = self.api.get_pod(NS, name)?.context("pod")?;
                 let st = network_status(&pod)?;
                 let ips = status_ips(&st[1]);
@@ -872,7 +878,14 @@ impl<'a> Tier<'a> {
             let (b, a) = (strip(b6), strip(a6));
             ensure!(pings(Some(&got[0].0), &b), "i1 -> i2 ({b}): no answer");
             ensure!(pings(Some(&got[1].0), &a), "i2 -> i1 ({a}): no answer");
-            Ok(vec![a, b])
+            // i3's addresses from the node, through the NAD's bridge (its gateway addresses).
+            let (c4, c6) = (strip(c4), strip(c6));
+            let answering = answering_from_the_node(&[c4.clone(), c6.clone()]);
+            ensure!(
+                answering.len() == 2,
+                "i3 from the node: only {answering:?} answered"
+            );
+            Ok(vec![a, b, c4, c6])
         })
     }
 

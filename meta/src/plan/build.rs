@@ -127,11 +127,23 @@ fn inject(config: &mut Value, cni_args: Option<&Map<String, Value>>, device_id: 
     }
 }
 
-fn delegate_args(base: &CniArgs, sel: Option<&NetworkSelection>) -> String {
+/// Whether the selection's `ips` reach the network as `args.cni.ips` (in every plugin's config)
+/// instead of `CNI_ARGS IP=`: host-local reads one address from `IP=` and fails ADD and DEL on a
+/// list ("invalid IP address a,b"), so two or more (one per family) go where it reads a list.
+/// One address, and static IPAM (which reads a list from `IP=`), stay on `IP=`.
+fn ips_in_config_args(list: &NetConfList, sel: &NetworkSelection) -> bool {
+    sel.ips.len() > 1
+        && list
+            .plugins
+            .iter()
+            .any(|p| p.ipam_type() == Some("host-local"))
+}
+
+fn delegate_args(base: &CniArgs, sel: Option<&NetworkSelection>, ip_arg: bool) -> String {
     let mut a = base.clone();
     a.set("IgnoreUnknown", "1");
     if let Some(sel) = sel {
-        if !sel.ips.is_empty() {
+        if ip_arg && !sel.ips.is_empty() {
             a.set("IP", &sel.ips.join(","));
         }
         if let Some(mac) = &sel.mac {
@@ -155,7 +167,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
         is_default: true,
         config: default_net.list.to_value(),
         capability_args: input.runtime_config.clone(),
-        cni_args: delegate_args(input.cni_args, None),
+        cni_args: delegate_args(input.cni_args, None, true),
         default_route: Vec::new(),
         filter_v4: false,
         filter_v6: false,
@@ -182,7 +194,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
             is_default: false,
             config,
             capability_args,
-            cni_args: delegate_args(input.cni_args, None),
+            cni_args: delegate_args(input.cni_args, None, true),
             default_route: Vec::new(),
             filter_v4: false,
             filter_v6: false,
@@ -218,6 +230,12 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
         // A pod's deviceID reaches the delegate only as runtimeConfig.deviceID, and only when the
         // NAD declares the capability: a pod author must not pick any NIC of the node.
         inject(&mut config, sel.cni_args.as_ref(), allocated.as_deref());
+        let ips_in_config = ips_in_config_args(&net.list, sel);
+        if ips_in_config {
+            let mut ips = Map::new();
+            ips.insert("ips".into(), Value::from(sel.ips.clone()));
+            inject(&mut config, Some(&ips), None);
+        }
         let resource_name = allocated.as_ref().and(net.resource_name.clone());
         if let Some(id) = allocated {
             caps.insert("deviceID".into(), Value::from(id));
@@ -228,7 +246,7 @@ pub fn build(input: PlanInput<'_>) -> Result<Vec<PlannedAttachment>, MetaError> 
             is_default: false,
             config,
             capability_args: caps,
-            cni_args: delegate_args(input.cni_args, Some(sel)),
+            cni_args: delegate_args(input.cni_args, Some(sel), !ips_in_config),
             default_route: sel.default_route.clone(),
             filter_v4: false,
             filter_v6: false,
@@ -307,4 +325,66 @@ fn apply_default_route(plan: &mut [PlannedAttachment], ctx: &str) -> Result<(), 
         a.filter_v6 = owner6.is_some_and(|o| o != i);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plexus_conf::k8s::selection::{parse_selections, NETWORKS_ANNOTATION};
+    use serde_json::json;
+
+    fn plan_one(selected: &str, nad: Value) -> Vec<PlannedAttachment> {
+        let net = |name: &str, v: Value| ResolvedNetwork {
+            name: name.into(),
+            list: NetConfList::from_value(v).unwrap(),
+            resource_name: None,
+            nad: None,
+        };
+        let sels = parse_selections(selected, NETWORKS_ANNOTATION).unwrap();
+        let args = CniArgs::parse("K8S_POD_NAMESPACE=db;K8S_POD_NAME=pg-0").unwrap();
+        let primary = json!({"cniVersion":"1.0.0","name":"cbr0","type":"bridge"});
+        build(PlanInput {
+            ifname: "eth0",
+            cni_args: &args,
+            runtime_config: &Map::new(),
+            pod: None,
+            default: (net("cbr0", primary), None),
+            always: vec![],
+            selected: sels.into_iter().zip([net("db/a", nad)]).collect(),
+            devices: None,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn dual_stack_ips_reach_host_local_as_a_list_in_args_cni_never_as_an_ip_arg_list() {
+        let hl = json!({"cniVersion":"1.0.0","name":"a","type":"bridge","ipam":{"type":"host-local",
+            "ranges":[[{"subnet":"10.1.1.0/24"}],[{"subnet":"2001:db8:1::/64"}]]}});
+        let p = plan_one(
+            r#"[{"name":"a","ips":["10.1.1.5/24","2001:db8:1::5/64"]}]"#,
+            hl.clone(),
+        );
+        assert!(!p[1].cni_args.contains("IP="), "{}", p[1].cni_args);
+        assert_eq!(
+            p[1].config["args"]["cni"]["ips"],
+            json!(["10.1.1.5/24", "2001:db8:1::5/64"])
+        );
+        // Every family kept in the requested addresses (the address guard reads them).
+        assert_eq!(
+            p[1].capability_args["ips"],
+            json!(["10.1.1.5/24", "2001:db8:1::5/64"])
+        );
+        // One address: CNI_ARGS IP= as before (host-local reads one), no args.cni.
+        let p = plan_one(r#"[{"name":"a","ips":["2001:db8:1::5/64"]}]"#, hl);
+        assert!(p[1].cni_args.contains("IP=2001:db8:1::5/64"));
+        assert!(p[1].config.get("args").is_none(), "{}", p[1].config);
+        // static IPAM reads a list from IP=: unchanged.
+        let st = json!({"cniVersion":"1.0.0","name":"a","type":"macvlan","ipam":{"type":"static"}});
+        let p = plan_one(
+            r#"[{"name":"a","ips":["10.1.1.5/24","2001:db8:1::5/64"]}]"#,
+            st,
+        );
+        assert!(p[1].cni_args.contains("IP=10.1.1.5/24,2001:db8:1::5/64"));
+        assert!(p[1].config.get("args").is_none(), "{}", p[1].config);
+    }
 }
