@@ -3,14 +3,18 @@
 //! `deploy/components/fixed-ips/rbac-fixed-ips.yaml` applied for real.
 //!
 //! - The requests: two clients (as two nodes would) claim the same addresses at the same moment
-//!   and exactly one wins each; a claim of a pod that is gone is taken over by exactly one of two
-//!   contenders; a release leaves a claim another pod took over.
+//!   and exactly one wins each (also IPv6 addresses, each written canonically by one and
+//!   long-hand by the other: one object per address); a claim of a pod that is gone is taken
+//!   over by exactly one of two contenders; a release leaves a claim another pod took over.
 //! - Through plexus (its own service account's token, macvlan in real network namespaces, two
 //!   "nodes" = two state directories): an ADD of a fixed address creates one claim and lists no
 //!   pods, DEL removes it; two nodes ADDing one address at once: exactly one wins, the other gets
-//!   code 11 and a Warning event; a claim whose DEL met a stopped apiserver is released by the
-//!   runtime's next DEL; a node that died holding an address (its pod force-deleted) loses it to
-//!   the replacement, and its late DEL leaves the new claim.
+//!   code 11 and a Warning event; the same for an IPv6 address asked for in two spellings
+//!   (`fd00:56:7::a` and its long form: one claim, in canonical form, the winner answering over
+//!   IPv6); a claim whose DEL met a stopped apiserver is released by the runtime's next DEL; a
+//!   node that died holding an address (its pod force-deleted) loses it to the replacement, and
+//!   its late DEL leaves the new claim; a fixed address inside a whereabouts pool on its segment
+//!   is refused until excluded, in each family.
 //!
 //! Skipped (and passing) without `PLEXUS_K8S_BIN`.
 
@@ -63,6 +67,10 @@ fn main() -> ExitCode {
         "two_nodes_claim_one_address_at_once_exactly_one_wins",
         || race(&cp),
     );
+    suite.case(
+        "two_nodes_claim_one_ipv6_address_in_two_spellings_at_once_exactly_one_wins",
+        || race6(&cp),
+    );
     suite.case("a_gone_holders_claim_is_taken_over_by_exactly_one", || {
         take_over(&cp)
     });
@@ -75,6 +83,10 @@ fn main() -> ExitCode {
         || two_nodes_race(&nodes),
     );
     suite.case(
+        "plexus_on_two_nodes_add_one_ipv6_address_in_two_spellings_one_wins_it_answers_over_ipv6",
+        || two_nodes_race6(&nodes),
+    );
+    suite.case(
         "plexus_del_with_the_apiserver_stopped_releases_the_claim_at_the_next_del",
         || del_apiserver_down(&nodes),
     );
@@ -84,7 +96,11 @@ fn main() -> ExitCode {
     );
     suite.case(
         "a_fixed_address_in_a_whereabouts_pool_on_its_segment_is_refused_until_excluded",
-        || fixed_in_pool(&nodes),
+        || fixed_in_pool(&nodes, &V4_POOL),
+    );
+    suite.case(
+        "a_fixed_ipv6_address_in_an_ipv6_whereabouts_pool_is_refused_until_excluded",
+        || fixed_in_pool(&nodes, &V6_POOL),
     );
     suite.case(
         "host_local_on_a_macvlan_nad_used_from_two_nodes_is_warned_of",
@@ -363,6 +379,162 @@ fn two_nodes_race(nodes: &Nodes<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The IPv6 address two pods ask for through the `ips` of their network selection, one
+/// canonically, one in long form ([`FIXED6_LONG`]).
+const FIXED6: &str = "fd00:56:7::a";
+const FIXED6_LONG: &str = "fd00:0056:0007:0000:0000:0000:0000:000a";
+
+/// [`two_nodes_race`] over IPv6 with the address spelled two ways: a macvlan NAD with static
+/// IPAM taking requested addresses; pod `race6-a` asks for [`FIXED6`], `race6-b` for
+/// [`FIXED6_LONG`] at the same moment on two nodes. Exactly one wins; the loser gets code 11
+/// naming the address and the holder; one claim exists, its address in canonical form; a
+/// client on the segment reaches the address over IPv6 at the winner's MAC.
+fn two_nodes_race6(nodes: &Nodes<'_>) -> Result<()> {
+    nodes.macvlan_nad("ledger6", &nodes.master, json!({"type":"static"}))?;
+    let names = ["race6-a", "race6-b"];
+    let asks = [FIXED6, FIXED6_LONG];
+    let mut uids = Vec::new();
+    for (name, ask) in names.iter().zip(asks) {
+        let sel = json!([{"name":"ledger6","ips":[format!("{ask}/64")]}]).to_string();
+        uids.push(nodes.pod_on(name, &sel)?);
+    }
+    let nss = [Netns::new(), Netns::new()];
+    let barrier = Barrier::new(2);
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|n| {
+                let (barrier, nss, uids) = (&barrier, &nss, &uids);
+                s.spawn(move || {
+                    barrier.wait();
+                    nodes.call(n, "ADD", names[n], &uids[n], &nss[n].path())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("ADD")).collect()
+    });
+    let won: Vec<usize> = (0..2).filter(|n| runs[*n].code == 0).collect();
+    ensure!(
+        won.len() == 1,
+        "want exactly one winner: {} / {}",
+        runs[0].out,
+        runs[1].out
+    );
+    let (w, l) = (won[0], 1 - won[0]);
+    let err = &runs[l].out;
+    ensure!(err["code"] == 11, "{err}");
+    let text = format!("{} {}", err["msg"], err["details"]);
+    ensure!(
+        text.contains(names[l]) && text.contains(FIXED6),
+        "the error does not name the pod and the address: {err}"
+    );
+    ensure!(
+        text.contains(&format!("{NS}/{}", names[w])),
+        "the error does not name the holder: {err}"
+    );
+    ensure!(
+        nss[l].links() == ["lo"],
+        "the loser kept {:?}",
+        nss[l].links()
+    );
+    let claims = nodes.claims_of("ledger6")?;
+    ensure!(
+        claims.len() == 1 && claims[0].1 == names[w] && claims[0].0 == FIXED6,
+        "want one claim of {FIXED6} by {}: {claims:?}",
+        names[w]
+    );
+    ensure!(
+        nss[w]
+            .addrs("net1")
+            .iter()
+            .any(|a| a.starts_with(&format!("{FIXED6}/"))),
+        "the winner's net1: {:?}",
+        nss[w].addrs("net1")
+    );
+    the_holder_answers_over_ipv6(&nodes.master, &nss[w])?;
+    for n in 0..2 {
+        let r = nodes.call(n, "DEL", names[n], &uids[n], &nss[n].path());
+        ensure!(r.code == 0, "DEL: {}", r.out);
+        nodes.delete_pod(names[n])?;
+    }
+    ensure!(
+        nodes.claims_of("ledger6")?.is_empty(),
+        "{:?}",
+        nodes.claims_of("ledger6")?
+    );
+    ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
+    Ok(())
+}
+
+/// A client on the segment pings [`FIXED6`] over IPv6 and finds it at the MAC of `holder`'s
+/// `net1` (`ip -6 neigh`).
+fn the_holder_answers_over_ipv6(master: &HostLink, holder: &Netns) -> Result<()> {
+    let links: Value = serde_json::from_str(&holder.ip(&["-j", "link", "show", "net1"]))?;
+    let mac = links[0]["address"]
+        .as_str()
+        .context("the holder's net1 has no MAC")?
+        .to_string();
+    let client = Netns::new();
+    let link = common::uniq("pxq");
+    let sh = |args: &[&str]| -> Result<()> {
+        let ok = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .stdout(std::process::Stdio::null())
+            .status()?
+            .success();
+        ensure!(ok, "{args:?} failed");
+        Ok(())
+    };
+    sh(&[
+        "ip", "link", "add", &link, "link", &master.0, "type", "macvlan", "mode", "bridge",
+    ])?;
+    sh(&["ip", "link", "set", &link, "netns", &client.name])?;
+    sh(&[
+        "ip",
+        "-n",
+        &client.name,
+        "addr",
+        "add",
+        "fd00:56:7::99/64",
+        "dev",
+        &link,
+        "nodad",
+    ])?;
+    sh(&["ip", "-n", &client.name, "link", "set", &link, "up"])?;
+    // The winner's address may still be in DAD (macvlan does not wait for it): up to 5 s.
+    let mut answered = false;
+    for _ in 0..10 {
+        if sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &client.name,
+            "ping",
+            "-6",
+            "-c",
+            "1",
+            "-W",
+            "1",
+            FIXED6,
+        ])
+        .is_ok()
+        {
+            answered = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    ensure!(
+        answered,
+        "a client on the segment got no IPv6 answer from the winner"
+    );
+    let neigh = client.ip(&["-6", "neigh", "show", FIXED6]);
+    ensure!(
+        neigh.contains(&mac),
+        "{FIXED6} answered from {neigh}, not the winner's {mac}"
+    );
+    Ok(())
+}
+
 /// A client on the segment (a macvlan of `master` in its own netns) pings [`FIXED`] and finds it
 /// at the MAC of `holder`'s `net1`: the address is in use once, by the winner.
 fn only_the_holder_answers(master: &HostLink, holder: &Netns) -> Result<()> {
@@ -510,6 +682,69 @@ fn spec(addr: IpAddr, pod: &str, uid: &str, node: &str) -> ClaimSpec {
     }
 }
 
+/// [`race`] over IPv6: 10 addresses, node-a spelling each canonically (`fd00:56:100::a0`),
+/// node-b long-hand (`fd00:0056:0100:0000:0000:0000:0000:00a0`), at the same moment. One
+/// claim object per address (its name does not depend on the spelling): exactly one creates
+/// it, the other finds it held.
+fn race6(cp: &ControlPlane) -> Result<()> {
+    let n = 10u16;
+    let barrier = Barrier::new(2);
+    let net = format!("{NS}/db-net6");
+    let outcomes: Vec<Vec<ClaimOutcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ["node-a", "node-b"]
+            .into_iter()
+            .map(|node| {
+                let (barrier, net) = (&barrier, &net);
+                s.spawn(move || -> Result<Vec<ClaimOutcome>> {
+                    let rt = rt();
+                    let c = client(cp, &rt)?;
+                    let mut got = vec![];
+                    for i in 0..n {
+                        let text = if node == "node-a" {
+                            format!("fd00:56:100::{:x}", 0xa0 + i)
+                        } else {
+                            format!("fd00:0056:0100:0000:0000:0000:0000:{:04x}", 0xa0 + i)
+                        };
+                        let mut sp = spec(
+                            text.parse()?,
+                            &format!("pg-{i}-{node}"),
+                            &format!("{node}-6-{i}"),
+                            node,
+                        );
+                        sp.network = net.clone();
+                        sp.address = text;
+                        barrier.wait();
+                        got.push(rt.block_on(c.claim_address(NS, &sp, RetryPolicy::none()))?);
+                    }
+                    Ok(got)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("claimer"))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    for (i, (a, b)) in outcomes[0].iter().zip(&outcomes[1]).enumerate() {
+        let wins = [a, b]
+            .iter()
+            .filter(|o| ***o == ClaimOutcome::Created)
+            .count();
+        ensure!(wins == 1, "IPv6 address {i}: {a:?} / {b:?}");
+        let loser = if *a == ClaimOutcome::Created { b } else { a };
+        ensure!(
+            matches!(loser, ClaimOutcome::HeldBy { .. }),
+            "IPv6 address {i}: the loser saw {loser:?}"
+        );
+    }
+    let claims = cp.address_claims(NS, "db-net6")?;
+    ensure!(
+        claims.len() == usize::from(n),
+        "want {n} claims, one per address: {claims:?}"
+    );
+    Ok(())
+}
+
 /// 20 addresses, each claimed by two threads with their own connections released together.
 fn race(cp: &ControlPlane) -> Result<()> {
     let n = 20;
@@ -630,71 +865,99 @@ fn take_over(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// A NAD fixing 10.58.0.10 and a whereabouts NAD whose range holds it, on one macvlan master:
+/// One family's fixed address, the pool holding it and the exclude that frees it.
+struct PoolCase {
+    /// NAD and pod name suffix.
+    tag: &'static str,
+    /// The fixed address as the NAD writes it, and in the form messages and `ip` print it.
+    fixed: &'static str,
+    printed: &'static str,
+    /// The whereabouts range, and the exclude (one address) that frees the fixed one.
+    range: &'static str,
+    exclude: &'static str,
+}
+
+const V4_POOL: PoolCase = PoolCase {
+    tag: "",
+    fixed: "10.58.0.10/24",
+    printed: "10.58.0.10",
+    range: "10.58.0.0/24",
+    exclude: "10.58.0.10/32",
+};
+
+/// IPv6, the fixed address written long-hand in the NAD.
+const V6_POOL: PoolCase = PoolCase {
+    tag: "6",
+    fixed: "fd00:0058:0000:0000:0000:0000:0000:0010/64",
+    printed: "fd00:58::10",
+    range: "fd00:58::/64",
+    exclude: "fd00:58::10/128",
+};
+
+/// A NAD fixing an address and a whereabouts NAD whose range holds it, on one macvlan master:
 /// the fixed pod is refused (code 7, both networks named, a Warning event) until the pool
 /// excludes the address; a NAD on another master is no concern.
-fn fixed_in_pool(nodes: &Nodes<'_>) -> Result<()> {
+fn fixed_in_pool(nodes: &Nodes<'_>, c: &PoolCase) -> Result<()> {
     let master = HostLink::veth_master();
     let nad = |name: &str, ipam: Value| nodes.macvlan_nad(name, &master, ipam);
+    let (fixed, clients, pod) = (
+        format!("vault-fixed{}", c.tag),
+        format!("vault-clients{}", c.tag),
+        format!("vault-9{}", c.tag),
+    );
+    let pod = pod.as_str();
     nad(
-        "vault-fixed",
-        json!({"type":"static","addresses":[{"address":"10.58.0.10/24"}]}),
+        &fixed,
+        json!({"type":"static","addresses":[{"address":c.fixed}]}),
     )?;
-    nad(
-        "vault-clients",
-        json!({"type":"whereabouts","range":"10.58.0.0/24"}),
-    )?;
-    let uid = nodes.pod_on("vault-9", "vault-fixed")?;
+    nad(&clients, json!({"type":"whereabouts","range":c.range}))?;
+    let uid = nodes.pod_on(pod, &fixed)?;
     let ns = Netns::new();
-    let refused = nodes.call(0, "ADD", "vault-9", &uid, &ns.path());
+    let refused = nodes.call(0, "ADD", pod, &uid, &ns.path());
     let err = &refused.out;
     ensure!(refused.code != 0 && err["code"] == 7, "{err}");
     let msg = err["msg"].as_str().unwrap_or("");
     ensure!(
-        msg.contains("vault-9")
-            && msg.contains(&format!("{NS}/vault-fixed"))
-            && msg.contains(&format!("{NS}/vault-clients"))
-            && msg.contains("10.58.0.10")
+        msg.contains(pod)
+            && msg.contains(&format!("{NS}/{fixed}"))
+            && msg.contains(&format!("{NS}/{clients}"))
+            && msg.contains(c.printed)
             && msg.contains("whereabouts"),
         "{err}"
     );
     ensure!(ns.links() == ["lo"], "{:?}", ns.links());
     ensure!(
-        nodes.claims()?.iter().all(|c| c.0 != "10.58.0.10"),
+        nodes.claims_of(&fixed)?.is_empty(),
         "a refused ADD claimed the address"
     );
     let mut warned = false;
     for _ in 0..50 {
-        warned = nodes.events("vault-9")?.iter().any(|e| {
-            e["type"] == "Warning"
-                && e["message"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains("vault-clients")
+        warned = nodes.events(pod)?.iter().any(|e| {
+            e["type"] == "Warning" && e["message"].as_str().unwrap_or("").contains(&clients)
         });
         if warned {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    ensure!(warned, "no Warning event: {:?}", nodes.events("vault-9")?);
-    ensure!(nodes.call(0, "DEL", "vault-9", &uid, &ns.path()).code == 0);
+    ensure!(warned, "no Warning event: {:?}", nodes.events(pod)?);
+    ensure!(nodes.call(0, "DEL", pod, &uid, &ns.path()).code == 0);
     // The operator excludes the fixed address from the pool: the replica starts.
     nad(
-        "vault-clients",
-        json!({"type":"whereabouts","range":"10.58.0.0/24","exclude":["10.58.0.10/32"]}),
+        &clients,
+        json!({"type":"whereabouts","range":c.range,"exclude":[c.exclude]}),
     )?;
-    let ok = nodes.call(0, "ADD", "vault-9", &uid, &ns.path());
+    let ok = nodes.call(0, "ADD", pod, &uid, &ns.path());
     ensure!(ok.code == 0, "after the exclude: {}", ok.out);
     ensure!(
         ns.addrs("net1")
             .iter()
-            .any(|a| a.starts_with("10.58.0.10/")),
+            .any(|a| a.starts_with(&format!("{}/", c.printed))),
         "{:?}",
         ns.addrs("net1")
     );
-    ensure!(nodes.call(0, "DEL", "vault-9", &uid, &ns.path()).code == 0);
-    nodes.delete_pod("vault-9")?;
+    ensure!(nodes.call(0, "DEL", pod, &uid, &ns.path()).code == 0);
+    nodes.delete_pod(pod)?;
     ensure!(nodes.leftovers().is_empty(), "{:?}", nodes.leftovers());
     Ok(())
 }
