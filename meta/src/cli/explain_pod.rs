@@ -16,7 +16,8 @@ const USAGE: &str =
   why (NAD missing, refused by the node's NAD policy and its class, device not allocated,
   address held by another pod...), with this node's saved plan for the pod and its
   network-status. Writes nothing. --config defaults to /etc/cni/net.d/00-plexus.conflist
-  (or .conf). Exit code: 0 ADD would succeed, 1 it fails, 2 usage or config errors.";
+  (or .conf); --cni-path (default: CNI_PATH) is the runtime's plugin directory, searched after
+  the config's binDir. Exit code: 0 ADD would succeed, 1 it fails, 2 usage or config errors.";
 
 /// The live form is wanted: `--pod` names `NAMESPACE/NAME` that is not a file, and no
 /// offline-only flag is given.
@@ -44,6 +45,7 @@ pub fn main(argv: &[String]) -> i32 {
     let mut config = None;
     let mut pod = None;
     let mut ifname = "eth0".to_string();
+    let mut cni_path: Option<String> = std::env::var("CNI_PATH").ok();
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned();
@@ -52,6 +54,7 @@ pub fn main(argv: &[String]) -> i32 {
             "--config" => config = val(),
             "--pod" => pod = val(),
             "--ifname" => ifname = val().unwrap_or(ifname),
+            "--cni-path" => cni_path = val(),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return 0;
@@ -77,6 +80,12 @@ pub fn main(argv: &[String]) -> i32 {
         namespace: ns.to_string(),
         name: name.to_string(),
         ifname,
+        cni_path: cni_path
+            .iter()
+            .flat_map(|p| p.split(':'))
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from)
+            .collect(),
     };
     let ex = live::explain(
         node.config,

@@ -11,11 +11,13 @@ use std::time::{Duration, SystemTime};
 const USAGE: &str =
     "usage: plexus state [--json] [--config FILE] [--state-dir DIR] [--device-info-dir DIR]
                     [--runtime-endpoint unix:///run/containerd/containerd.sock] [--host-root DIR]
+                    [--grace SECONDS]
   Lists this node's saved plans, their attachments, delegate result caches, address claims
   pending release, device-info files and metrics outcome files, and flags leftovers (state of
   sandboxes the runtime no longer lists, asked through its CRI socket). Read-only.
   --config defaults to the installed /etc/cni/net.d/00-plexus.conflist (or .conf); the state
-  directory, device-info directory, runtime endpoint and grace period come from it.";
+  directory, device-info directory, runtime endpoint and grace period (reconcileGraceSeconds:
+  younger state is not called a leftover) come from it; the flags override them.";
 
 fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
@@ -171,6 +173,7 @@ pub fn main(argv: &[String]) -> i32 {
     let mut devinfo_dir = None;
     let mut endpoint = None;
     let mut host_root = None;
+    let mut grace = None;
     let mut it = argv.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned();
@@ -181,6 +184,13 @@ pub fn main(argv: &[String]) -> i32 {
             "--device-info-dir" => devinfo_dir = val().map(PathBuf::from),
             "--runtime-endpoint" => endpoint = val(),
             "--host-root" => host_root = val().map(PathBuf::from),
+            "--grace" => match val().and_then(|g| g.parse::<u64>().ok()) {
+                Some(g) => grace = Some(g),
+                None => {
+                    eprintln!("--grace wants a number of seconds\n{USAGE}");
+                    return 2;
+                }
+            },
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return 0;
@@ -214,7 +224,9 @@ pub fn main(argv: &[String]) -> i32 {
         runtime_endpoint: endpoint
             .or_else(|| cfg.map(|c| c.runtime_endpoint.clone()))
             .unwrap_or_default(),
-        grace: Duration::from_secs(cfg.map_or(0, |c| c.reconcile_grace_seconds)),
+        grace: Duration::from_secs(
+            grace.unwrap_or_else(|| cfg.map_or(0, |c| c.reconcile_grace_seconds)),
+        ),
         host_root,
     };
     let runtime = state::ask_runtime(&at.runtime_endpoint, at.host_root.as_deref());

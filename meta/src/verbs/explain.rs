@@ -27,7 +27,9 @@ const USAGE: &str = "usage: plexus explain --config FILE --pod FILE [--pod-name 
   fixed address its NADs' plexus.cni.io/fixed-ips mapping gives that replica.
   Files are JSON manifests (kubectl get -o json); a List of objects is accepted for --nad,
   --claims and --slices. --device gives a device-plugin allocation (the kubelet's); --claims
-  and --slices give the DRA objects behind the pod's status.resourceClaimStatuses.";
+  and --slices give the DRA objects behind the pod's status.resourceClaimStatuses.
+  Live on a node, from the API server and this node's state: plexus explain --pod NAMESPACE/NAME
+  [--json] [--config FILE] (a --pod that is not a file and no --nad/--device/--claims/--slices).";
 
 fn read_file(path: &str) -> Result<Vec<u8>, MetaError> {
     std::fs::read(path).map_err(|source| MetaError::ReadFile {

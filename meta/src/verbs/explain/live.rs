@@ -29,6 +29,8 @@ pub struct Request {
     pub name: String,
     /// The kubelet's `CNI_IFNAME`.
     pub ifname: String,
+    /// The runtime's `CNI_PATH` (searched after the config's `binDir` for delegates).
+    pub cni_path: Vec<PathBuf>,
 }
 
 /// Why ADD fails (or would), as the CNI error it returns.
@@ -268,7 +270,7 @@ pub fn explain(
     in_cluster: Option<crate::k8s::InClusterEnv>,
 ) -> Explanation {
     let this_node = config.node_name.clone();
-    let mut ctx = Ctx::from_config(config, &[], in_cluster);
+    let mut ctx = Ctx::from_config(config, &req.cni_path, in_cluster);
     let id = PodIdentity {
         namespace: req.namespace.clone(),
         name: req.name.clone(),
@@ -418,6 +420,12 @@ fn run(ctx: &mut Ctx, req: &Request, id: PodIdentity, ex: &mut Explanation) {
         return;
     }
     if let Err(e) = crate::attach::validate_plugins(&ctx.runtime, &plan, &label) {
+        if req.cni_path.is_empty() {
+            ex.notes.push(
+                "only the config's binDir was searched for plugins: give the runtime's CNI bin directory with --cni-path (or CNI_PATH)"
+                    .into(),
+            );
+        }
         ex.failure = Some(failure("plugins", e));
         return;
     }
