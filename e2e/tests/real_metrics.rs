@@ -1,4 +1,4 @@
-//! Metrics tier: daemon mode's metrics endpoint against a real kube-apiserver + etcd
+//! Metrics tier: both modes' metrics endpoints against a real kube-apiserver + etcd
 //! (`plexus_e2e::realk8s`), scraped by Debian's real Prometheus (2.42) with the shipped scrape
 //! config (deploy/monitoring/prometheus-scrape.yaml) and rules.
 //!
@@ -8,17 +8,23 @@
 //! it) behind TokenReview + SubjectAccessReview. Pods are served through `plexus-shim` (the
 //! daemon-mode CNI config) in real network namespaces with the Debian plugins.
 //!
+//! Thin mode's exporter (`plexus-daemon reconcile --metrics-address`, the thin DaemonSet's
+//! `reconcile` container) runs beside it with the in-cluster API client (a private mount
+//! namespace with plexus' token and the CA on /run/secrets) and the same certificate; thin
+//! calls are `plexus` itself.
+//!
 //! Cases: the endpoint answers 401 without a token and with a garbage one, 403 for a
 //! ServiceAccount without ClusterRole plexus-metrics-reader, 200 for one bound to it (one
 //! TokenReview for repeated scrapes: the cache), 405 for POST, `/healthz` and `/readyz` without a
 //! token, never a token in its log; then Prometheus (its own data dir under the test's temp
-//! dir) finds the daemon's pod (the pod object of the DaemonSet's shape, its status set to the
-//! daemon's address since no kubelet runs here) — through file_sd with the targets and
+//! dir) finds the daemon's and the exporter's pods (pod objects of the DaemonSets' shape, their
+//! status set to the processes' address since no kubelet runs here) — through file_sd with the targets and
 //! `__meta_kubernetes_*` labels kubernetes_sd (role pod) makes of the API's pod list, because
 //! Debian's Prometheus is built without kubernetes_sd — relabels it with the shipped
-//! relabelings and scrapes it with the reader's token file: after 3 pods and one NAD the node policy
-//! refuses, PromQL answers the ADD counts and the refusal; the same job without a token and
-//! with the other ServiceAccount's token is down with 401 / 403; the shipped rules load.
+//! relabelings (node, plexus_mode) and scrapes both with the reader's token file: after 3
+//! daemon-mode pods, 2 thin ones and one NAD the node policy refuses in each mode, PromQL answers
+//! the ADD counts and the refusals per mode; the same jobs without a token and with the other
+//! ServiceAccount's token are down with 401 / 403; the shipped rules load.
 //!
 //! One libtest test (`cargo test -p plexus-e2e --test real_metrics -- --nocapture` prints the
 //! PromQL figures). Skipped (and passing) without `PLEXUS_K8S_BIN`, or without
@@ -34,7 +40,7 @@ use anyhow::{bail, ensure, Context, Result};
 use common::*;
 use plexus_e2e::nad_policy_allowing;
 use plexus_e2e::realk8s::node_rig::PLEXUS_NAMESPACE;
-use plexus_e2e::realk8s::rig::{PlexusToken, Rig};
+use plexus_e2e::realk8s::rig::{plexus_token, PlexusToken, Rig};
 use plexus_e2e::realk8s::{control_plane_or_skip, free_port, tail, ControlPlane, Proc};
 use serde_json::{json, Value};
 
@@ -107,6 +113,8 @@ struct Node<'a> {
     bridge: HostLink,
     master: HostLink,
     metrics_port: u16,
+    /// Thin mode's exporter (`plexus-daemon reconcile --metrics-address`).
+    thin_port: u16,
     reader_token: String,
     other_token: String,
 }
@@ -141,6 +149,7 @@ impl<'a> Node<'a> {
             bridge: HostLink::bridge_name(),
             master: HostLink::veth_master(),
             metrics_port: free_port()?,
+            thin_port: free_port()?,
             reader_token: cp.create_token(READER.0, READER.1)?,
             other_token: cp.create_token(OTHER.0, OTHER.1)?,
             rig,
@@ -159,6 +168,98 @@ impl<'a> Node<'a> {
 
     fn url(&self, path: &str) -> String {
         format!("https://127.0.0.1:{}{path}", self.metrics_port)
+    }
+
+    /// Thin mode's exporter as the thin DaemonSet's `reconcile` container runs it, with the
+    /// same certificate: its API client is the in-cluster one (KUBERNETES_SERVICE_HOST/PORT and
+    /// the ServiceAccount token and CA files), so it runs in a private mount namespace where a
+    /// tmpfs on /run/secrets holds plexus' token and the API's CA (the host's stay as they are).
+    fn start_exporter(&self) -> Result<Daemon> {
+        let config = self.path("plexus-thin.conf");
+        std::fs::write(&config, self.thin_config().to_string())?;
+        let sa = self.path("sa");
+        std::fs::create_dir_all(&sa)?;
+        std::fs::write(
+            sa.join("token"),
+            plexus_token(self.cp, &PlexusToken::Unbound)?,
+        )?;
+        std::fs::write(sa.join("ca.crt"), self.cp.ca_pem())?;
+        let p = |s: &str| self.path(s).display().to_string();
+        let script = "mount -t tmpfs -o size=1m,mode=0755 plexus-e2e-sa /run/secrets \
+            && mkdir -p /run/secrets/kubernetes.io/serviceaccount \
+            && cp \"$1\"/token \"$1\"/ca.crt /run/secrets/kubernetes.io/serviceaccount/ \
+            && shift && exec \"$@\"";
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+            .arg(&sa)
+            .arg(bin("plexus-daemon"))
+            .args(["reconcile", "--config", &config.display().to_string()])
+            .args(["--every", "3600"])
+            .args([
+                "--metrics-address",
+                &format!("127.0.0.1:{}", self.thin_port),
+            ])
+            .args(["--metrics-dir", &p("state/metrics")])
+            .args(["--metrics-cert-file", &p("tls.crt")])
+            .args(["--metrics-key-file", &p("tls.key")])
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", self.cp.port().to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path("exporter.log"))?)
+            .spawn()?;
+        let mut d = Daemon { child };
+        let t = Instant::now();
+        let url = format!("https://127.0.0.1:{}/healthz", self.thin_port);
+        loop {
+            let ok = Command::new("curl")
+                .args(["-sf", "--max-time", "2", "--cacert", &p("tls.crt"), &url])
+                .output()?
+                .status
+                .success();
+            if ok {
+                break;
+            }
+            let log = std::fs::read_to_string(self.path("exporter.log")).unwrap_or_default();
+            if let Some(st) = d.child.try_wait()? {
+                bail!("exporter exited ({st}): {log}");
+            }
+            ensure!(
+                t.elapsed() < Duration::from_secs(20),
+                "exporter not serving: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ensure!(
+            self.path("state/metrics").is_dir(),
+            "the exporter makes the dir"
+        );
+        Ok(d)
+    }
+
+    /// Thin mode's CNI config: `plexus` itself, the same delegates, state and policy.
+    fn thin_config(&self) -> Value {
+        let mut c = self.config();
+        c["type"] = json!("plexus");
+        c.as_object_mut().expect("config").remove("daemonSocket");
+        c
+    }
+
+    /// A thin-mode call (`plexus` with [`Node::thin_config`]).
+    fn call_thin(&self, command: &str, name: &str, uid: &str, netns: &str) -> Run {
+        let cid = format!("cid-{name}");
+        let args = format!("K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uid};IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={name}");
+        run(
+            &bin("plexus"),
+            &Call {
+                command,
+                container_id: &cid,
+                netns,
+                ifname: "eth0",
+                args: &args,
+            },
+            &self.thin_config(),
+            &[],
+        )
     }
 
     fn start_daemon(&self) -> Result<Daemon> {
@@ -282,34 +383,49 @@ impl<'a> Node<'a> {
         )
     }
 
-    /// The pod object of the daemon DaemonSet's shape on this node (labels, hostNetwork, the
-    /// `metrics` port), its status set as the kubelet would: Running, its IP the daemon's
-    /// address. kubernetes_sd (role pod) finds the daemon through it.
-    fn daemon_pod_object(&self) -> Result<()> {
-        let name = "kube-plexus-daemon-mtier";
-        let pod = json!({"apiVersion":"v1","kind":"Pod",
-            "metadata":{"name":name,"namespace":PLEXUS_NAMESPACE,
-                "labels":{"name":"plexus-daemon","app":"plexus-daemon","tier":"node"}},
-            "spec":{"nodeName":NODE,"hostNetwork":true,"automountServiceAccountToken":false,
-                "containers":[{"name":"plexus-daemon","image":"plexus",
-                    "ports":[{"name":"metrics","containerPort":self.metrics_port,"protocol":"TCP"}]}]}});
+    /// The pod objects of both DaemonSets' shape on this node (labels, hostNetwork, the
+    /// container with the `metrics` port: the daemon's, thin mode's `reconcile`), their status
+    /// set as the kubelet would: Running, their IP the processes' address. Prometheus finds
+    /// the daemon and the exporter through them.
+    fn pod_objects(&self) -> Result<()> {
         self.cp.create_namespace(PLEXUS_NAMESPACE)?;
-        self.cp
-            .kubectl_stdin(&["apply", "-f", "-"], Some(&pod.to_string()))?;
-        let status = json!({"status":{"phase":"Running","podIP":"127.0.0.1","hostIP":"127.0.0.1",
-            "podIPs":[{"ip":"127.0.0.1"}],
-            "conditions":[{"type":"Ready","status":"True"}]}});
-        self.cp.kubectl(&[
-            "-n",
-            PLEXUS_NAMESPACE,
-            "patch",
-            "pod",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ])?;
+        for (name, app, container, port) in [
+            (
+                "kube-plexus-daemon-mtier",
+                "plexus-daemon",
+                "plexus-daemon",
+                self.metrics_port,
+            ),
+            (
+                "kube-plexus-ds-mtier",
+                "plexus",
+                "reconcile",
+                self.thin_port,
+            ),
+        ] {
+            let pod = json!({"apiVersion":"v1","kind":"Pod",
+                "metadata":{"name":name,"namespace":PLEXUS_NAMESPACE,
+                    "labels":{"name":app,"app":app,"tier":"node"}},
+                "spec":{"nodeName":NODE,"hostNetwork":true,"automountServiceAccountToken":false,
+                    "containers":[{"name":container,"image":"plexus",
+                        "ports":[{"name":"metrics","containerPort":port,"protocol":"TCP"}]}]}});
+            self.cp
+                .kubectl_stdin(&["apply", "-f", "-"], Some(&pod.to_string()))?;
+            let status = json!({"status":{"phase":"Running","podIP":"127.0.0.1","hostIP":"127.0.0.1",
+                "podIPs":[{"ip":"127.0.0.1"}],
+                "conditions":[{"type":"Ready","status":"True"}]}});
+            self.cp.kubectl(&[
+                "-n",
+                PLEXUS_NAMESPACE,
+                "patch",
+                "pod",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status.to_string(),
+            ])?;
+        }
         Ok(())
     }
 }
@@ -532,7 +648,8 @@ fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<Option<T
 
 fn prometheus(node: &Node<'_>) -> Result<()> {
     let dir = tempfile::Builder::new().prefix("plexus-prom-").tempdir()?;
-    node.daemon_pod_object()?;
+    node.pod_objects()?;
+    let _exporter = node.start_exporter()?;
     std::fs::write(
         dir.path().join("targets.json"),
         pod_targets(node.cp)?.to_string(),
@@ -569,40 +686,35 @@ fn scrape_and_query(node: &Node<'_>, port: u16) -> Result<()> {
     let rules = prom(port, "/api/v1/rules", None)?;
     let n = rules["groups"][0]["rules"].as_array().map_or(0, Vec::len);
     ensure!(n == 7, "rules loaded: {rules}");
-    // The three jobs find the daemon's pod; only the reader's token scrapes it.
+    // The three jobs find both pods; only the reader's token scrapes them.
     let targets = poll("targets scraped", Duration::from_secs(60), || {
         let d = prom(port, "/api/v1/targets", None)?;
         let t = d["activeTargets"].as_array().cloned().unwrap_or_default();
-        let done = t.len() >= 3 && t.iter().all(|t| t["health"] != "unknown");
+        let done = t.len() >= 6 && t.iter().all(|t| t["health"] != "unknown");
         Ok(done.then_some(t))
     })?;
-    let by_job = |job: &str| -> Result<&Value> {
+    let target = |job: &str, mode: &str| -> Result<&Value> {
         targets
             .iter()
-            .find(|t| t["labels"]["job"] == job)
-            .with_context(|| format!("no target of job {job}: {targets:?}"))
+            .find(|t| t["labels"]["job"] == job && t["labels"]["plexus_mode"] == mode)
+            .with_context(|| format!("no target of job {job} mode {mode}: {targets:?}"))
     };
-    let main = by_job("plexus")?;
-    ensure!(main["health"] == "up", "plexus: {main}");
-    ensure!(
-        main["labels"]["node"] == NODE && main["labels"]["plexus_mode"] == "daemon",
-        "the relabelings: {main}"
-    );
-    ensure!(main["scrapeUrl"] == node.url("/metrics").as_str(), "{main}");
-    let noauth = by_job("plexus-noauth")?;
-    ensure!(
-        noauth["health"] == "down" && noauth["lastError"].as_str().unwrap_or("").contains("401"),
-        "unauthenticated scrape: {noauth}"
-    );
-    let forbidden = by_job("plexus-forbidden")?;
-    ensure!(
-        forbidden["health"] == "down"
-            && forbidden["lastError"]
-                .as_str()
-                .unwrap_or("")
-                .contains("403"),
-        "unbound ServiceAccount's scrape: {forbidden}"
-    );
+    for (mode, port) in [("daemon", node.metrics_port), ("thin", node.thin_port)] {
+        let main = target("plexus", mode)?;
+        ensure!(main["health"] == "up", "plexus {mode}: {main}");
+        ensure!(main["labels"]["node"] == NODE, "the relabelings: {main}");
+        ensure!(
+            main["scrapeUrl"] == format!("https://127.0.0.1:{port}/metrics").as_str(),
+            "{main}"
+        );
+        for (job, code) in [("plexus-noauth", "401"), ("plexus-forbidden", "403")] {
+            let t = target(job, mode)?;
+            ensure!(
+                t["health"] == "down" && t["lastError"].as_str().unwrap_or("").contains(code),
+                "{job} ({mode}) should be refused with {code}: {t}"
+            );
+        }
+    }
     // Pods: 3 attached, one with a NAD the node policy refuses.
     let mut netns = Vec::new();
     let mut pods = Vec::new();
@@ -633,17 +745,35 @@ fn scrape_and_query(node: &Node<'_>, port: u16) -> Result<()> {
         "{}",
         refused.out
     );
+    // Thin mode: 2 pods and the refused NAD through `plexus` itself, counted by the exporter.
+    let mut thin = Vec::new();
+    for i in 0..2 {
+        let name = format!("mt{i}");
+        let uid = node.pod(&name, "mv-a")?;
+        let ns = Netns::new();
+        let r = node.call_thin("ADD", &name, &uid, &ns.path());
+        ensure!(r.code == 0, "thin ADD {name}: {} {}", r.out, r.stderr);
+        thin.push((name, uid, ns));
+    }
+    let tpol = node.pod("mtpol", "mv-out")?;
+    let tns = Netns::new();
+    let r = node.call_thin("ADD", "mtpol", &tpol, &tns.path());
+    ensure!(
+        r.code != 0,
+        "thin: the NAD policy let mv-out through: {}",
+        r.out
+    );
     let ok_adds = poll("ADD ok counted", Duration::from_secs(30), || {
         let v = scalar(
             port,
-            r#"sum(plexus_cni_requests_total{job="plexus",verb="ADD",result="ok"})"#,
+            r#"sum(plexus_cni_requests_total{job="plexus",plexus_mode="daemon",verb="ADD",result="ok"})"#,
         )?;
         Ok(v.filter(|v| *v >= 3.0))
     })?;
     let errors = poll("the refused ADD counted", Duration::from_secs(30), || {
         let v = scalar(
             port,
-            r#"sum(plexus_cni_requests_total{job="plexus",verb="ADD",result="error"})"#,
+            r#"sum(plexus_cni_requests_total{job="plexus",plexus_mode="daemon",verb="ADD",result="error"})"#,
         )?;
         Ok(v.filter(|v| *v >= 1.0))
     })?;
@@ -653,7 +783,7 @@ fn scrape_and_query(node: &Node<'_>, port: u16) -> Result<()> {
         || {
             let v = scalar(
                 port,
-                r#"sum(plexus_nad_policy_refusals_total{job="plexus"})"#,
+                r#"sum(plexus_nad_policy_refusals_total{job="plexus",plexus_mode="daemon"})"#,
             )?;
             Ok(v.filter(|v| *v >= 1.0))
         },
@@ -663,12 +793,29 @@ fn scrape_and_query(node: &Node<'_>, port: u16) -> Result<()> {
         r#"sum(plexus_build_info{job="plexus",mode="daemon"})"#,
     )?;
     ensure!(build == Some(1.0), "plexus_build_info: {build:?}");
-    let up = scalar(port, r#"up{job="plexus-noauth"}"#)?;
+    let thin_ok = poll("thin ADDs counted", Duration::from_secs(30), || {
+        let v = scalar(
+            port,
+            r#"sum(plexus_cni_requests_total{job="plexus",plexus_mode="thin",verb="ADD",result="ok"})"#,
+        )?;
+        Ok(v.filter(|v| *v >= 2.0))
+    })?;
+    let thin_refusals = poll("the thin refusal counted", Duration::from_secs(30), || {
+        let v = scalar(
+            port,
+            r#"sum(plexus_nad_policy_refusals_total{job="plexus",plexus_mode="thin"})"#,
+        )?;
+        Ok(v.filter(|v| *v >= 1.0))
+    })?;
+    let build = scalar(port, r#"sum(plexus_build_info{job="plexus",mode="thin"})"#)?;
+    ensure!(build == Some(1.0), "thin plexus_build_info: {build:?}");
+    println!("    PromQL thin: ADD ok {thin_ok}, NAD policy refusals {thin_refusals}");
+    let up = scalar(port, r#"max(up{job=~"plexus-noauth|plexus-forbidden"})"#)?;
     ensure!(up == Some(0.0), "up of the unauthenticated job: {up:?}");
     // The histograms the dashboard and the p99 alert read: every ADD observed.
     let observed = scalar(
         port,
-        r#"sum(plexus_cni_request_duration_seconds_count{job="plexus",verb="ADD"})"#,
+        r#"sum(plexus_cni_request_duration_seconds_count{job="plexus",plexus_mode="daemon",verb="ADD"})"#,
     )?
     .unwrap_or(0.0);
     ensure!(observed >= 4.0, "ADD durations observed: {observed}");
@@ -693,6 +840,12 @@ fn scrape_and_query(node: &Node<'_>, port: u16) -> Result<()> {
         let r = node.call("DEL", name, uid, &ns.path());
         ensure!(r.code == 0, "DEL {name}: {}", r.out);
     }
+    for (name, uid, ns) in &thin {
+        let r = node.call_thin("DEL", name, uid, &ns.path());
+        ensure!(r.code == 0, "thin DEL {name}: {}", r.out);
+    }
+    let r = node.call_thin("DEL", "mtpol", &tpol, &tns.path());
+    ensure!(r.code == 0, "thin DEL mtpol: {}", r.out);
     let r = node.call("DEL", "mpol", &uid, &ns.path());
     ensure!(r.code == 0, "DEL mpol: {}", r.out);
     node.cp
