@@ -23,13 +23,18 @@
 //! 8. `--address-scale`: requests, bytes and time per ADD of a fixed address as the namespace
 //!    grows to 5,000 pods ([`address_scale`]).
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale]`
+//! 9. `--spawn-cost`: starting a delegate by fork (std's `Command` with a `pre_exec` hook)
+//!    against plexus' clone(CLONE_VM|CLONE_VFORK) start, with plexus-sized memory
+//!    ([`spawn_cost`]).
+//!
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale | --spawn-cost]`
 //! (as root).
 
 mod address_scale;
 mod fleet;
 mod peers;
 mod real_api;
+mod spawn_cost;
 mod tls_resume;
 
 use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
@@ -523,6 +528,7 @@ fn main() {
     let mut fleet = None;
     let mut tls_resume = false;
     let mut address_scale = false;
+    let mut spawn_cost = false;
     let mut plexus = None;
     let mut cni_bin = PathBuf::from("/usr/lib/cni");
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -539,9 +545,10 @@ fn main() {
             "--previous" => previous = it.next().map(PathBuf::from),
             "--tls-resume" => tls_resume = true,
             "--address-scale" => address_scale = true,
+            "--spawn-cost" => spawn_cost = true,
             "--fleet" => fleet = it.next().and_then(|v| v.parse::<usize>().ok()),
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale | --spawn-cost]");
                 std::process::exit(2);
             }
         }
@@ -553,6 +560,13 @@ fn main() {
         plexus.display(),
         std::fs::metadata(&plexus).map(|m| m.len()).unwrap_or(0)
     );
+    if spawn_cost {
+        if let Err(e) = spawn_cost::run(n) {
+            eprintln!("plexus-bench --spawn-cost: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if address_scale {
         if let Err(e) = address_scale::run(&plexus, &cni_bin) {
             eprintln!("plexus-bench --address-scale: {e:#}");
