@@ -680,6 +680,9 @@ pub fn run(o: &Options, cni_bin: &Path) -> Result<()> {
             shown(&d)
         );
     }
+    if o.previous.is_some() {
+        instructions(&mut p, &systems)?;
+    }
     println!(" peak RSS (KiB; GNU time, a thin plugin's figure includes its delegates):");
     let (pod, uid) = p.pod()?;
     std::thread::sleep(Duration::from_millis(300));
@@ -715,4 +718,199 @@ pub fn run(o: &Options, cni_bin: &Path) -> Result<()> {
         println!("  {label:<30} RSS {now}, peak {hwm} (VmHWM, whole run)");
     }
     Ok(())
+}
+
+/// One thin ADD (and its DEL, untraced) of `s` on a new pod, run under `tracer` (a program and
+/// its arguments, the plugin's path appended).
+fn traced_add(p: &mut Peers, s: &System, tracer: &[String]) -> Result<()> {
+    let (pod, uid) = p.pod()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let netns = format!("/run/netns/{}", p.e.netns);
+    let cni_path = p.cni_bin.display().to_string();
+    let cid = format!("traced-{}", p.pods);
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod};K8S_POD_UID={uid};K8S_POD_INFRA_CONTAINER_ID={cid}");
+    let mut cmd = Command::new(&tracer[0]);
+    cmd.args(&tracer[1..]).arg(&s.bin);
+    let run = crate::run_with(
+        cmd,
+        &plexus_env("ADD", &cid, &netns, &cni_path, &args),
+        &s.conf,
+    );
+    ensure!(
+        run.status.success(),
+        "{} ADD under {} failed: {}",
+        s.label,
+        tracer[0],
+        String::from_utf8_lossy(&run.stdout)
+    );
+    p.call(s, "DEL", &cid, &pod, &uid)?;
+    Ok(())
+}
+
+/// Work of one thin ADD of this build and of the previous one, the plexus process alone (its
+/// delegates not traced): instructions counted by callgrind and system calls by strace, figures
+/// that stay the same whatever else the machine is doing, so a commit that makes the plugin do
+/// more shows even on a busy machine. The largest changes are named: per object file
+/// (instructions) and per system call. Skipped with a line when valgrind or strace is missing.
+fn instructions(p: &mut Peers, systems: &[System]) -> Result<()> {
+    let has = |bin: &str| Command::new(bin).arg("--version").output().is_ok();
+    let mut ir = vec![];
+    let mut sys = vec![];
+    for label in [PLEXUS_THIN, PREV_THIN] {
+        let Some(s) = systems.iter().find(|s| s.label == label) else {
+            continue;
+        };
+        if has("valgrind") {
+            let out = p.e.path(&format!("callgrind-{}.out", ir.len()));
+            let tracer = [
+                "valgrind".to_string(),
+                "--tool=callgrind".into(),
+                format!("--callgrind-out-file={}", out.display()),
+            ];
+            traced_add(p, s, &tracer)?;
+            ir.push((label, callgrind_by_object(&out)?));
+        }
+        if has("strace") {
+            let out = p.e.path(&format!("strace-{}.out", sys.len()));
+            let tracer = [
+                "strace".to_string(),
+                "-c".into(),
+                "-U".into(),
+                "name,calls".into(),
+                "-o".into(),
+                out.display().to_string(),
+            ];
+            traced_add(p, s, &tracer)?;
+            sys.push((label, strace_calls(&out)?));
+        }
+    }
+    if ir.is_empty() {
+        println!(" instructions per thin ADD: valgrind not installed, not counted");
+    }
+    if sys.is_empty() {
+        println!(" system calls per thin ADD: strace not installed, not counted");
+    }
+    for (what, unit, counted) in [("instructions", 1e6, &ir), ("system calls", 1.0, &sys)] {
+        let total = |m: &BTreeMap<String, u64>| m.values().sum::<u64>();
+        for (label, m) in counted.iter() {
+            println!(
+                " {what} per thin ADD (plexus alone), {label}: {}",
+                if unit > 1.0 {
+                    format!("{:.2} M", total(m) as f64 / unit)
+                } else {
+                    total(m).to_string()
+                }
+            );
+        }
+        if let [(_, head), (_, prev)] = &counted[..] {
+            let mut keys: Vec<(&String, i64)> = head
+                .keys()
+                .chain(prev.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .map(|k| {
+                    let h = head.get(k).copied().unwrap_or(0);
+                    let p = prev.get(k).copied().unwrap_or(0);
+                    (k, h as i64 - p as i64)
+                })
+                .filter(|(_, d)| *d != 0)
+                .collect();
+            keys.sort_by_key(|(_, d)| std::cmp::Reverse(d.abs()));
+            let shown: Vec<String> = keys
+                .iter()
+                .take(8)
+                .map(|(k, d)| {
+                    if unit > 1.0 {
+                        format!("{k} {:+.3} M", *d as f64 / unit)
+                    } else {
+                        format!("{k} {d:+}")
+                    }
+                })
+                .collect();
+            println!(
+                " this build / previous, {what} per thin ADD: {:.3}× (largest changes: {})",
+                total(head) as f64 / total(prev).max(1) as f64,
+                if shown.is_empty() {
+                    "none".to_string()
+                } else {
+                    shown.join(", ")
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Calls per system call from `strace -c -U name,calls` output.
+fn strace_calls(out: &Path) -> Result<BTreeMap<String, u64>> {
+    let text = std::fs::read_to_string(out).context("strace output")?;
+    let mut by = BTreeMap::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(name), Some(calls)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if let Ok(n) = calls.parse::<u64>() {
+            if name != "total" {
+                by.insert(name.to_string(), n);
+            }
+        }
+    }
+    ensure!(
+        !by.is_empty(),
+        "strace counted no calls in {}",
+        out.display()
+    );
+    Ok(by)
+}
+
+/// Self instruction counts of a callgrind profile summed per crate (the first path segment of
+/// the function's name where symbols are there) or else per object file (a stripped binary,
+/// libc).
+fn callgrind_by_object(out: &Path) -> Result<BTreeMap<String, u64>> {
+    let text = Command::new("callgrind_annotate")
+        .args(["--threshold=100", "--inclusive=no"])
+        .arg(out)
+        .output()
+        .context("callgrind_annotate")?;
+    let mut by = BTreeMap::new();
+    for line in String::from_utf8_lossy(&text.stdout).lines() {
+        let line = line.trim();
+        let Some((count, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(n) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        // "(12.3%)  file:function [object]" or "file:function [object]".
+        let rest = rest.trim();
+        let rest = match rest.strip_prefix('(') {
+            Some(r) => r.split_once(')').map(|(_, r)| r.trim()).unwrap_or(r),
+            None => rest,
+        };
+        if rest.starts_with("PROGRAM TOTALS") || rest.is_empty() {
+            continue;
+        }
+        let func = rest.split_once(':').map(|(_, f)| f).unwrap_or(rest);
+        let func = func.trim_start_matches('<').trim_start_matches('&');
+        let krate = match func.split_once("::") {
+            Some((c, _)) if !c.contains(' ') => c.to_string(),
+            _ => rest
+                .rsplit_once('[')
+                .map(|(_, o)| {
+                    Path::new(o.trim_end_matches(']'))
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
+                .unwrap_or_else(|| "other".into()),
+        };
+        *by.entry(krate).or_insert(0) += n;
+    }
+    ensure!(
+        !by.is_empty(),
+        "callgrind_annotate printed no counts for {}",
+        out.display()
+    );
+    Ok(by)
 }
