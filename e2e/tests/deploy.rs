@@ -154,7 +154,12 @@ fn component_objects(component: &str) -> &'static [&'static str] {
             "ClusterRoleBinding/plexus-metrics-auth",
             "ClusterRole/plexus-metrics-reader",
         ],
-        "metrics/podmonitor" => &["PodMonitor/plexus"],
+        "metrics/podmonitor" => &[
+            "PodMonitor/plexus",
+            "ServiceAccount/plexus-metrics-scraper",
+            "Secret/plexus-metrics-scraper-token",
+            "ClusterRoleBinding/plexus-metrics-scraper",
+        ],
         other => panic!("unknown component {other}"),
     }
 }
@@ -494,7 +499,60 @@ fn the_metrics_component_serves_on_the_node_address_with_its_rbac_and_podmonitor
                     .as_array()
                     .expect("values");
                 assert!(selected.iter().any(|v| v == labels), "{mode}: {labels}");
+                assert_eq!(
+                    ep["bearerTokenSecret"]["name"], "plexus-metrics-scraper-token",
+                    "{ep}"
+                );
+                scraper_follows(&r, PLEXUS_NAMESPACE);
             }
         }
     }
+    // plexus' namespace moved in deploy/settings: the scraper's Secret, ServiceAccount and
+    // binding subject, and the PodMonitor, move with it.
+    let settings = copy.root.join("settings/kustomization.yaml");
+    let text = std::fs::read_to_string(&settings).expect("settings");
+    let edited = text.replace("namespace: kube-system", "namespace: plexus-system");
+    assert_ne!(edited, text);
+    std::fs::write(&settings, edited).expect("write settings");
+    let dir = copy.combo(
+        "metrics-moved",
+        &[
+            "components/daemon".into(),
+            "components/metrics".into(),
+            "components/metrics/podmonitor".into(),
+        ],
+    );
+    let r = Rendered::render(&kubectl, &dir).expect("render");
+    let mut expected: BTreeSet<String> = BASE.iter().map(|s| s.to_string()).collect();
+    for c in ["daemon", "metrics", "metrics/podmonitor"] {
+        expected.extend(component_objects(c).iter().map(|s| s.to_string()));
+    }
+    check(&r, &expected, "plexus-system", &image);
+    scraper_follows(&r, "plexus-system");
+}
+
+/// The PodMonitor's scraper identity is in `ns`: its ServiceAccount, token Secret, binding
+/// subject, and the PodMonitor itself.
+fn scraper_follows(r: &Rendered, ns: &str) {
+    let b = r
+        .find("ClusterRoleBinding", "plexus-metrics-scraper")
+        .expect("scraper binding");
+    assert_eq!(b["roleRef"]["name"], "plexus-metrics-reader");
+    assert_eq!(b["subjects"][0]["name"], "plexus-metrics-scraper");
+    assert_eq!(b["subjects"][0]["namespace"], ns, "{b}");
+    for (kind, name) in [
+        ("ServiceAccount", "plexus-metrics-scraper"),
+        ("Secret", "plexus-metrics-scraper-token"),
+        ("PodMonitor", "plexus"),
+    ] {
+        let o = r.find(kind, name).expect(kind);
+        assert_eq!(o["metadata"]["namespace"], ns, "{kind}/{name}");
+    }
+    let secret = r
+        .find("Secret", "plexus-metrics-scraper-token")
+        .expect("secret");
+    assert_eq!(
+        secret["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        "plexus-metrics-scraper"
+    );
 }
