@@ -29,6 +29,8 @@
 #[path = "real_node/api.rs"]
 mod api;
 mod common;
+#[path = "real_node_gc/diagnostics.rs"]
+mod diagnostics;
 #[allow(dead_code)]
 #[path = "real_node/pods.rs"]
 mod pods;
@@ -589,6 +591,7 @@ impl<'a> Tier<'a> {
                 && before.iter().any(|x| x.starts_with("device-info")),
             "the leak was not made: {before:?}"
         );
+        self.diagnose(&live, &id)?;
         let took = self.wait_reclaimed(&id)?;
         let ifaces_after = pods::interfaces(&netns_path)?;
         println!(
