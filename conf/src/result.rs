@@ -122,9 +122,21 @@ pub fn is_v6(addr: &str) -> bool {
     addr.contains(':')
 }
 
-/// True for a default-route destination (`0.0.0.0/0`, `::/0`, or empty).
+/// True for a default-route destination: empty, or any address with prefix length 0 in either
+/// family (`0.0.0.0/0`, `::/0`, and the spellings other plugins write, e.g.
+/// `0:0:0:0:0:0:0:0/0`, `0/0`).
 pub fn is_default_dst(dst: &str) -> bool {
-    matches!(dst, "" | "0.0.0.0/0" | "::/0" | "::0/0" | "0::0/0")
+    if dst.is_empty() {
+        return true;
+    }
+    let Some((addr, len)) = dst.split_once('/') else {
+        return false;
+    };
+    len.trim() == "0"
+        && (addr == "0"
+            || addr
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_unspecified()))
 }
 
 #[derive(Deserialize)]
@@ -474,6 +486,33 @@ mod tests {
             6
         );
         assert_eq!(CniResult::default().to_value("7.0.0").unwrap_err().code, 1);
+    }
+
+    #[test]
+    fn default_destinations_in_both_families_whatever_the_spelling() {
+        for d in [
+            "",
+            "0.0.0.0/0",
+            "::/0",
+            "::0/0",
+            "0::0/0",
+            "0:0:0:0:0:0:0:0/0",
+            "0/0",
+        ] {
+            assert!(is_default_dst(d), "{d:?}");
+        }
+        for d in [
+            "0.0.0.0/8",
+            "::/64",
+            "10.0.0.0/0x",
+            "2001:db8::/0",
+            "2001:db8::/32",
+            "10.1.0.0/16",
+            "::",
+            "0.0.0.0",
+        ] {
+            assert!(!is_default_dst(d), "{d:?}");
+        }
     }
 
     #[test]
