@@ -788,6 +788,16 @@ impl<'a> Tier<'a> {
                     );
                     per_pod.push((name.clone(), netns.clone(), status));
                 }
+                // The macvlan plugin returns before IPv6 duplicate address detection is done
+                // (the bridge plugin waits for it): a Running pod's macvlan address may still
+                // be tentative, and a tentative address answers no neighbour solicitation.
+                // Seen here; waited for (≤ 5 s, a DAD failure is an error) before the pings.
+                for (name, netns, _) in &per_pod {
+                    let early = wait_dad(netns)?;
+                    if !early.is_empty() {
+                        println!("    {name}: tentative IPv6 when Running on {early:?}");
+                    }
+                }
                 let (p, q) = (&per_pod[0], &per_pod[1]);
                 for (i, families) in [
                     (1, vec![false, true]),
@@ -1042,6 +1052,31 @@ fn ping_or_explain(from: (&str, &str), to: (&str, &str), addr: &str, what: &str)
         from.0,
         to.0
     )
+}
+
+/// Wait (5 s) until no IPv6 address in `netns` is tentative; the interfaces that had one at the
+/// first look. An error when DAD failed or did not finish.
+fn wait_dad(netns: &str) -> Result<Vec<String>> {
+    let ifaces = |flag: &str| -> Result<Vec<String>> {
+        let out = ip_in(netns, &["-j", "-6", "addr", "show", flag])?;
+        let v: Value = serde_json::from_str(&out).unwrap_or(json!([]));
+        Ok(v.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["addr_info"].as_array().is_some_and(|a| !a.is_empty()))
+            .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+            .collect())
+    };
+    let early = ifaces("tentative")?;
+    wait_for("IPv6 DAD done", Duration::from_secs(5), || {
+        Ok(ifaces("tentative")?.is_empty())
+    })?;
+    let failed = ifaces("dadfailed")?;
+    ensure!(
+        failed.is_empty(),
+        "IPv6 DAD failed on {failed:?} in {netns}"
+    );
+    Ok(early)
 }
 
 /// `ip <args>` inside `netns` (a path under /run/netns): its stdout.

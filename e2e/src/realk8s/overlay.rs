@@ -12,7 +12,12 @@
 //! ClusterInformation `default` with `datastoreReady`, as calico-node would). Everything it makes
 //! on the host is unique per tier (bridge names, subnets, the VXLAN VNI) and removed with the
 //! node; [`Overlay::leftovers`] lists what a deleted pod left (calico's ipamhandles and /32
-//! routes, flannel's per-container state, iptables rules naming a container).
+//! routes, flannel's per-container state, iptables and ip6tables rules naming a container).
+//!
+//! Pods get IPv4 only unless the tier asks [`Overlay::with_family`] ([`Family::Dual`] or
+//! [`Family::V6`]: flannel's `EnableIPv6`/`IPv6Network` and the Node's podCIDRs in both
+//! families, calico's IPv6 IPPool with `assign_ipv6`; the host side made before the node starts
+//! by [`Overlay::prepare_host`], see `node_rig::OverlayNode::start_family`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
