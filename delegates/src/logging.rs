@@ -9,7 +9,7 @@
 //!   (`PLEXUS_LOG`), when set, replaces the configured level.
 //! - Format: text (default) or JSON lines (`{"timestamp","level","fields":{"message",…},
 //!   "target"}`, tracing-subscriber's `json` format), chosen by [`FORMAT_ENV`]
-//!   (`PLEXUS_LOG_FORMAT=json`).
+//!   (`PLEXUS_LOG_FORMAT=json`), else by the caller ([`init_with_format`]).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
@@ -132,6 +132,12 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
 /// Install the global subscriber. If the file cannot be opened, logging goes to stderr and a
 /// warning says why. Calling it twice keeps the first setup.
 pub fn init(opts: &LogOptions) {
+    init_with_format(opts, Format::Text);
+}
+
+/// [`init`] with the format a caller's config chose (e.g. a `logFormat` field);
+/// [`FORMAT_ENV`], when set, still wins.
+pub fn init_with_format(opts: &LogOptions, format: Format) {
     let mut warnings = Vec::new();
     let file = opts.file.as_ref().and_then(|p| {
         rotate_if_needed(p, opts.max_size_mb, opts.max_backups);
@@ -148,7 +154,7 @@ pub fn init(opts: &LogOptions) {
             })
             .ok()
     });
-    init_with_file(opts, file, warnings);
+    init_file_format(opts, file, warnings, format);
 }
 
 /// [`init`] with the log file already opened by the caller (`opts.file` is then only used to
@@ -156,6 +162,15 @@ pub fn init(opts: &LogOptions) {
 /// logged once the subscriber is installed. For callers that open the file under their own
 /// rules (the `sriov` plugin confines a NAD's `logFile`).
 pub fn init_with_file(opts: &LogOptions, file: Option<std::fs::File>, warnings: Vec<String>) {
+    init_file_format(opts, file, warnings, Format::Text);
+}
+
+fn init_file_format(
+    opts: &LogOptions,
+    file: Option<std::fs::File>,
+    warnings: Vec<String>,
+    configured: Format,
+) {
     let mut warn_msgs = warnings;
     let from_env = std::env::var(FILTER_ENV)
         .ok()
@@ -171,9 +186,9 @@ pub fn init_with_file(opts: &LogOptions, file: Option<std::fs::File>, warnings: 
     let format = match std::env::var(FORMAT_ENV) {
         Ok(s) => Format::parse(&s).unwrap_or_else(|| {
             warn_msgs.push(format!("unknown {FORMAT_ENV} {s:?}, using text"));
-            Format::Text
+            configured
         }),
-        Err(_) => Format::Text,
+        Err(_) => configured,
     };
     let file_layer = file.map(|f| layer(format, Mutex::new(f), true, filter.clone()));
     let stderr_wanted = opts.to_stderr || (opts.file.is_some() && file_layer.is_none());
