@@ -26,6 +26,8 @@
 //! the ADD counts and the refusals per mode; the same jobs without a token and with the other
 //! ServiceAccount's token are down with 401 / 403; the shipped rules load.
 //!
+//! The metrics component's patched DaemonSets pass a server-side dry run in both modes.
+//!
 //! One libtest test (`cargo test -p plexus-e2e --test real_metrics -- --nocapture` prints the
 //! PromQL figures). Skipped (and passing) without `PLEXUS_K8S_BIN`, or without
 //! /usr/bin/prometheus unless `PLEXUS_PROMETHEUS_REQUIRE` is set.
@@ -75,8 +77,12 @@ fn real_metrics() {
     let daemon = node
         .start_daemon()
         .unwrap_or_else(|e| panic!("daemon: {e:#}"));
-    let cases: [(&str, Case); 2] = [
+    let cases: [(&str, Case); 3] = [
         ("tokens_401_403_200_and_open_health", endpoint),
+        (
+            "metrics_component_passes_a_server_side_dry_run",
+            component_dry_run,
+        ),
         (
             "prometheus_scrapes_with_the_shipped_config_and_answers_promql",
             prometheus,
@@ -494,6 +500,53 @@ fn endpoint(node: &Node<'_>) -> Result<()> {
         "{}",
         node.log_tail()
     );
+    Ok(())
+}
+
+/// Both modes with components/metrics (the PodMonitor needs the operator's CRD, absent here)
+/// pass `kubectl apply --dry-run=server -k`: the patched DaemonSets (the env's fieldRef, the
+/// named port, the HTTPS probes) are valid for the real API server.
+fn component_dry_run(node: &Node<'_>) -> Result<()> {
+    let deploy = repo("deploy").canonicalize()?;
+    let dir = node.path("kustomize");
+    for mode in ["daemon", "thin"] {
+        let combo = dir.join(mode);
+        std::fs::create_dir_all(&combo)?;
+        // A kustomization names directories by relative path only.
+        let up = "../".repeat(combo.components().count() - 1);
+        let rel = |p: &str| {
+            format!(
+                "{up}{}/{p}",
+                deploy.display().to_string().trim_start_matches('/')
+            )
+        };
+        std::fs::write(
+            combo.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n  - {}\n  - {}\n",
+                rel("base"),
+                rel(&format!("components/{mode}")),
+                rel("components/metrics"),
+                rel("settings")
+            ),
+        )?;
+        let out = node.cp.kubectl(&[
+            "apply",
+            "--dry-run=server",
+            "-k",
+            &combo.display().to_string(),
+        ])?;
+        let ds = if mode == "daemon" {
+            "daemonset.apps/kube-plexus-daemon"
+        } else {
+            "daemonset.apps/kube-plexus-ds"
+        };
+        ensure!(out.contains(ds), "{mode}: {out}");
+        ensure!(
+            out.contains("clusterrole.rbac.authorization.k8s.io/plexus-metrics-reader"),
+            "{mode}: {out}"
+        );
+    }
     Ok(())
 }
 
