@@ -108,8 +108,6 @@ pub struct Explanation {
     pub node: Option<String>,
     /// This node's name as plexus knows it (`nodeName` / `PLEXUS_NODE_NAME`).
     pub this_node: String,
-    /// Its phase.
-    pub phase: Option<String>,
     /// `ok` (ADD would run the plan) or `refused` (ADD returns `failure`).
     pub verdict: &'static str,
     /// Why ADD fails.
@@ -288,7 +286,6 @@ pub fn explain(
         uid: None,
         node: None,
         this_node,
-        phase: None,
         verdict: "refused",
         failure: None,
         plan: None,
@@ -349,7 +346,6 @@ fn run(ctx: &mut Ctx, req: &Request, id: PodIdentity, ex: &mut Explanation) {
     ex.found = true;
     ex.uid = pod.metadata.uid.clone();
     ex.node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    ex.phase = pod.status.as_ref().and_then(|s| s.phase.clone());
     ex.network_status = pod
         .metadata
         .annotations

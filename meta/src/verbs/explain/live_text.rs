@@ -11,12 +11,8 @@ pub fn text(ex: &Explanation) -> String {
         o,
         "pod {}{}",
         ex.pod,
-        match (&ex.uid, &ex.node, &ex.phase) {
-            (Some(u), n, p) => format!(
-                "  uid {u}  node {}  phase {}",
-                n.as_deref().unwrap_or("-"),
-                p.as_deref().unwrap_or("-")
-            ),
+        match (&ex.uid, &ex.node) {
+            (Some(u), n) => format!("  uid {u}  node {}", n.as_deref().unwrap_or("-")),
             _ => String::new(),
         }
     );
