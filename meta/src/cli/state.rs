@@ -419,9 +419,7 @@ pub fn collect(at: &Where, runtime: RuntimeView, now: SystemTime) -> Report {
         let container_id = entry.as_ref().map(|c| c.container_id.clone());
         let v = FileView {
             has_plan: container_id.as_ref().is_some_and(|c| planned.contains(c)),
-            sandbox: container_id
-                .as_deref()
-                .map_or(Sandbox::Unknown, &standing),
+            sandbox: container_id.as_deref().map_or(Sandbox::Unknown, &standing),
             network: entry.as_ref().map(|c| c.network_name.clone()),
             ifname: entry.as_ref().map(|c| c.if_name.clone()),
             container_id,
@@ -440,9 +438,7 @@ pub fn collect(at: &Where, runtime: RuntimeView, now: SystemTime) -> Report {
         let container_id = devinfo_container(&name, &planned);
         let v = FileView {
             has_plan: container_id.as_ref().is_some_and(|c| planned.contains(c)),
-            sandbox: container_id
-                .as_deref()
-                .map_or(Sandbox::Unknown, &standing),
+            sandbox: container_id.as_deref().map_or(Sandbox::Unknown, &standing),
             network: None,
             ifname: name.rsplit_once('_').map(|(_, i)| i.to_string()),
             container_id,
