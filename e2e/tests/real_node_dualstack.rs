@@ -789,14 +789,16 @@ impl<'a> Tier<'a> {
                     per_pod.push((name.clone(), netns.clone(), status));
                 }
                 // The macvlan plugin returns before IPv6 duplicate address detection is done
-                // (the bridge plugin waits for it): a Running pod's macvlan address may still
-                // be tentative, and a tentative address answers no neighbour solicitation.
-                // Seen here; waited for (≤ 5 s, a DAD failure is an error) before the pings.
+                // (the bridge plugin waits for it), and a tentative address answers no
+                // neighbour solicitation: plexus waits for DAD before it returns the result
+                // (meta/src/routes/dad.rs), so a Running pod has no tentative address. (Before,
+                // net4, the last macvlan, was tentative when Running in every run.)
                 for (name, netns, _) in &per_pod {
                     let early = wait_dad(netns)?;
-                    if !early.is_empty() {
-                        println!("    {name}: tentative IPv6 when Running on {early:?}");
-                    }
+                    ensure!(
+                        early.is_empty(),
+                        "{name}: IPv6 address tentative when Running on {early:?}"
+                    );
                 }
                 let (p, q) = (&per_pod[0], &per_pod[1]);
                 for (i, families) in [

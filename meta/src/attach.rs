@@ -162,6 +162,11 @@ pub fn add_all(
             }
         }
     }
+    routes::dad::settle(
+        netns,
+        done.iter()
+            .map(|d| (plan[d.index].ifname.as_str(), &d.result)),
+    );
     announce(&ns, plan, &prepared, &done);
     Ok(done)
 }

@@ -2,6 +2,8 @@
 //! attachment claims, and install `default via <gw> dev <if>` for the claiming attachment.
 //! All netlink work runs inside the pod netns on a dedicated thread with its own runtime.
 
+pub mod dad;
+
 use crate::error::{BoxError, MetaError};
 use futures::TryStreamExt;
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
