@@ -35,18 +35,38 @@ pub fn settle<'a>(netns: &str, attached: impl IntoIterator<Item = (&'a str, &'a 
     }
     let _phase = plexus_delegates::timing::phase("ipv6 dad");
     match wait(netns, &ifnames, DAD_WAIT) {
-        Ok(left) if left.is_empty() => {}
-        Ok(left) => tracing::warn!(
-            interfaces = ?left,
-            "IPv6 address still tentative (duplicate address detection) after {DAD_WAIT:?}"
-        ),
+        Ok(d) => {
+            if !d.tentative.is_empty() {
+                tracing::warn!(
+                    interfaces = ?d.tentative,
+                    "IPv6 address still tentative (duplicate address detection) after {DAD_WAIT:?}"
+                );
+            }
+            for (ifname, address) in &d.failed {
+                tracing::warn!(
+                    ifname,
+                    %address,
+                    "IPv6 duplicate address detection failed: another host on the link holds \
+                     the address; the kernel will not use it"
+                );
+            }
+        }
         Err(e) => tracing::warn!(error = %e, "IPv6 duplicate address detection not waited for"),
     }
 }
 
+/// What [`wait`] saw at its end.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dad {
+    /// Interfaces with an IPv6 address still tentative.
+    pub tentative: Vec<String>,
+    /// IPv6 addresses whose DAD failed (a duplicate on the link), with their interface.
+    pub failed: Vec<(String, std::net::IpAddr)>,
+}
+
 /// Wait at most `timeout` until no IPv6 address on `ifnames` in `netns` is tentative (an
-/// address whose DAD failed is not waited for); the interfaces still tentative at the end.
-pub fn wait(netns: &str, ifnames: &[&str], timeout: Duration) -> Result<Vec<String>, MetaError> {
+/// address whose DAD failed is not waited for): what is still tentative, and what failed.
+pub fn wait(netns: &str, ifnames: &[&str], timeout: Duration) -> Result<Dad, MetaError> {
     let first = ifnames.first().copied().unwrap_or("");
     let ns = NetNs::open(netns).map_err(|e| err(first, "open netns", e))?;
     ns.run(|| {
@@ -59,7 +79,7 @@ pub fn wait(netns: &str, ifnames: &[&str], timeout: Duration) -> Result<Vec<Stri
     .map_err(|e| err(first, "enter netns", e))?
 }
 
-async fn wait_async(ifnames: &[&str], timeout: Duration) -> Result<Vec<String>, MetaError> {
+async fn wait_async(ifnames: &[&str], timeout: Duration) -> Result<Dad, MetaError> {
     let first = ifnames.first().copied().unwrap_or("");
     let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| err(first, "netlink", e))?;
     tokio::spawn(conn);
@@ -91,22 +111,35 @@ async fn wait_async(ifnames: &[&str], timeout: Duration) -> Result<Vec<String>, 
             .try_collect()
             .await
             .map_err(|e| err(first, "list addresses", e))?;
-        let mut tentative: Vec<String> = addrs
+        let mine = addrs
             .iter()
             .filter(|m| m.header.family == AddressFamily::Inet6)
-            .filter(|m| is_tentative(m))
-            .filter_map(|m| wanted.get(&m.header.index).cloned())
-            .collect();
-        tentative.dedup();
-        if tentative.is_empty() || Instant::now() >= deadline {
-            return Ok(tentative);
+            .filter_map(|m| Some((wanted.get(&m.header.index)?, m)));
+        let mut d = Dad::default();
+        for (ifname, m) in mine {
+            let (tentative, failed) = state(m);
+            if tentative && !d.tentative.contains(ifname) {
+                d.tentative.push(ifname.clone());
+            }
+            if failed {
+                let address = m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(ip) | AddressAttribute::Local(ip) => Some(*ip),
+                    _ => None,
+                });
+                if let Some(address) = address {
+                    d.failed.push((ifname.clone(), address));
+                }
+            }
+        }
+        if d.tentative.is_empty() || Instant::now() >= deadline {
+            return Ok(d);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// Tentative and not failed (a failed DAD keeps the tentative flag for good).
-fn is_tentative(m: &netlink_packet_route::address::AddressMessage) -> bool {
+/// (tentative and not failed, DAD failed): a failed DAD keeps the tentative flag for good.
+fn state(m: &netlink_packet_route::address::AddressMessage) -> (bool, bool) {
     let flags = m
         .attributes
         .iter()
@@ -116,8 +149,11 @@ fn is_tentative(m: &netlink_packet_route::address::AddressMessage) -> bool {
         })
         .unwrap_or_else(|| AddressFlags::from_bits_retain(u32::from(m.header.flags.bits())));
     let header_tentative = m.header.flags.contains(AddressHeaderFlags::Tentative);
-    (flags.contains(AddressFlags::Tentative) || header_tentative)
-        && !flags.contains(AddressFlags::Dadfailed)
+    let failed = flags.contains(AddressFlags::Dadfailed);
+    (
+        (flags.contains(AddressFlags::Tentative) || header_tentative) && !failed,
+        failed,
+    )
 }
 
 #[cfg(test)]
@@ -166,8 +202,8 @@ mod tests {
         n(&["-6", "addr", "add", "2001:db8:dad::2/64", "dev", "dadc"]);
         let path = format!("/run/netns/{}", ns.0);
         let t = Instant::now();
-        let left = wait(&path, &["dada"], Duration::from_secs(5)).unwrap();
-        assert!(left.is_empty(), "{left:?}");
+        let d = wait(&path, &["dada"], Duration::from_secs(5)).unwrap();
+        assert_eq!(d, Dad::default());
         assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
         let out = Command::new("ip")
             .args([
@@ -187,10 +223,23 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let left = wait(&path, &["dada", "dadc"], Duration::from_millis(200)).unwrap();
-        assert_eq!(left, vec!["dadc".to_string()]);
+        let d = wait(&path, &["dada", "dadc"], Duration::from_millis(200)).unwrap();
+        assert_eq!(d.tentative, vec!["dadc".to_string()]);
         // An interface not asked about is not waited for.
-        let left = wait(&path, &["dada"], Duration::from_millis(200)).unwrap();
-        assert!(left.is_empty());
+        let d = wait(&path, &["dada"], Duration::from_millis(200)).unwrap();
+        assert!(d.tentative.is_empty());
+        // A duplicate on the link: dadb takes dada's address, its DAD fails (dada answers),
+        // and that is reported, not waited for.
+        n(&["-6", "addr", "add", "2001:db8:dad::1/64", "dev", "dadb"]);
+        let t = Instant::now();
+        let mut d = Dad::default();
+        while t.elapsed() < Duration::from_secs(5) && d.failed.is_empty() {
+            d = wait(&path, &["dadb"], Duration::from_secs(5)).unwrap();
+        }
+        assert_eq!(
+            d.failed,
+            vec![("dadb".to_string(), "2001:db8:dad::1".parse().unwrap())]
+        );
+        assert!(d.tentative.is_empty(), "{d:?}");
     }
 }
