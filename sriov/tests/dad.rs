@@ -73,7 +73,8 @@ fn an_ipv6_address_held_on_the_link_fails_the_add_by_dad_and_rolls_back() {
 }
 
 /// A free IPv6 address (static, beside an IPv4 one) is past DAD when ADD returns: not
-/// tentative, and the link partner reaches it with the first ping.
+/// tentative, announced (the link partner's stale entry names the VF's MAC) and reached with
+/// the first ping.
 #[test]
 fn a_free_ipv6_address_is_usable_when_add_returns() {
     let env = Env::new(1, 0);
@@ -96,10 +97,33 @@ fn a_free_ipv6_address_is_usable_when_add_returns() {
         {"address": "fd00:10::6/64"}
     ]);
     conf["ipam"]["routes"] = json!([]);
+    // The link partner still has the address at a previous holder's MAC (a replica that
+    // moved): the unsolicited NA, sent once DAD is done, must have corrected it when ADD
+    // returns, before the partner sends anything.
+    run(&[
+        "ip",
+        "-n",
+        &h,
+        "-6",
+        "neigh",
+        "replace",
+        "fd00:10::6",
+        "lladdr",
+        "02:00:00:00:00:99",
+        "dev",
+        "vf0p",
+        "nud",
+        "stale",
+    ]);
     let t = Instant::now();
     let (ok, res) = env.sriov("ADD", "c-free", "net1", &env.pod.path(), &conf);
     let add_ms = t.elapsed().as_millis();
     assert!(ok, "{res}");
+    let neigh = run(&["ip", "-n", &h, "-6", "neigh", "show", "fd00:10::6"]);
+    assert!(
+        neigh.contains("02:66:00:00:00:01"),
+        "the partner's entry when ADD returned: {neigh}"
+    );
     let addrs = run(&[
         "ip",
         "-n",
