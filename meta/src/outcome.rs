@@ -341,6 +341,57 @@ mod tests {
         );
     }
 
+    /// `cargo test --release -p plexus-meta --lib outcome::tests::cost -- --ignored --nocapture`
+    #[test]
+    #[ignore = "a measurement"]
+    fn cost_of_the_write_path() {
+        let t = tempfile::tempdir().unwrap();
+        let p = Mutex::new(Outcome::default());
+        for (v, r) in [("get", "pods"), ("get", "network-attachment-definitions")] {
+            p.api_request(v, r, "200");
+        }
+        p.api_request("patch", "pods", "200");
+        p.api_request("create", "events", "201");
+        for ty in ["bridge", "macvlan", "sriov"] {
+            p.delegate("ADD", ty, Duration::from_millis(12), true);
+        }
+        let mut o = p.into_inner().unwrap();
+        o.format = FORMAT;
+        o.verb = "ADD".into();
+        o.result = "ok".into();
+        o.phases = [
+            "config",
+            "args",
+            "lock",
+            "pod_get",
+            "nad_get",
+            "nad_policy",
+            "plan",
+        ]
+        .iter()
+        .chain(["plan_save", "delegates", "status_patch", "event"].iter())
+        .map(|n| (n.to_string(), 0.001234))
+        .collect();
+        let n = 2000;
+        let started = std::time::Instant::now();
+        for _ in 0..n {
+            assert_eq!(append(t.path(), &o), Ok(true));
+        }
+        let len = serde_json::to_vec(&o).unwrap().len() + 1;
+        println!(
+            "outcome write path: {:.1} us per call ({n} appends of a {len}-byte line)",
+            started.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+        );
+        let started = std::time::Instant::now();
+        for _ in 0..n {
+            assert_eq!(append(&t.path().join("absent"), &o), Ok(false));
+        }
+        println!(
+            "without the metrics dir: {:.1} us per call",
+            started.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+        );
+    }
+
     #[test]
     fn delegate_types_are_bounded() {
         assert_eq!(bounded_type("host-device"), "host-device");
