@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use plexus_e2e::nad_policy_allowing;
+use plexus_e2e::{nad_policy_allowing, Access, TestApiServer, TestApiServerOptions};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -21,6 +21,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Self::start_with(dir, &[], true)
+    }
+
+    /// `ready`: wait for the readiness file (caches synced); else for the socket.
+    fn start_with(dir: &Path, extra: &[&str], ready_wait: bool) -> Daemon {
         let socket = dir.join("run/plexus.sock");
         let ready = dir.join("daemon.ready");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -34,6 +39,7 @@ impl Daemon {
             .args(["--socket", socket.to_str().unwrap()])
             .args(["--readiness-file", ready.to_str().unwrap()])
             .args(["--metrics-address", &metrics])
+            .args(extra)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("PLEXUS_LOG_LEVEL", "debug")
             .stdout(Stdio::null())
@@ -41,7 +47,8 @@ impl Daemon {
             .spawn()
             .expect("start plexus daemon");
         let t = Instant::now();
-        while !ready.exists() {
+        let wait_for = if ready_wait { ready } else { socket };
+        while !wait_for.exists() {
             assert!(t.elapsed() < Duration::from_secs(10), "daemon not ready");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -198,4 +205,96 @@ fn the_daemon_counts_calls_phases_and_delegates_by_type_and_code() {
     for leak in ["ctr-metrics", bare_ip, "10.244.63.", dir.as_str(), "cbr0"] {
         assert!(!text.contains(leak), "{leak} in\n{text}");
     }
+}
+
+/// The daemon's API requests (its `kube::Client` under the shared request code) are counted by
+/// verb, resource and code: an ADD's network-status PATCH (written in the background) and its
+/// event; the namespace and pod name appear nowhere.
+#[test]
+fn the_daemon_counts_its_api_requests_by_verb_resource_and_code() {
+    let api = TestApiServer::start(TestApiServerOptions::default()).unwrap();
+    api.add_token("node-token", Access::Full);
+    let s = Setup {
+        dir: tempfile::tempdir().unwrap(),
+        bridge: HostLink::bridge_name(),
+    };
+    let kubeconfig = s.p("kubeconfig");
+    api.write_kubeconfig(&kubeconfig, "node-token").unwrap();
+    api.put_namespace("dmetricsns").unwrap();
+    api.put_pod(
+        json!({"metadata":{"name":"dmetrics-pod","namespace":"dmetricsns","uid":"uid-dm",
+        "annotations":{}},"spec":{"nodeName":"dm-node","containers":[{"name":"c","image":"x"}]}}),
+    )
+    .unwrap();
+    // The test API server has no watch: the daemon reads the pod itself after its sync wait.
+    let d = Daemon::start_with(
+        s.dir.path(),
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node",
+            "dm-node",
+        ],
+        false,
+    );
+    let ns = Netns::new();
+    let args = "K8S_POD_INFRA_CONTAINER_ID=cid-dm;K8S_POD_UID=uid-dm;IgnoreUnknown=1;K8S_POD_NAMESPACE=dmetricsns;K8S_POD_NAME=dmetrics-pod";
+    let r = run(
+        &bin("plexus"),
+        &Call {
+            command: "ADD",
+            container_id: "cid-dm",
+            netns: &ns.path(),
+            ifname: "eth0",
+            args,
+        },
+        &s.config("bridge"),
+        &[],
+    );
+    r.ok();
+    let patch = r#"plexus_api_requests_total{verb="patch",resource="pods",code="200"}"#;
+    let t = Instant::now();
+    let mut text = d.text();
+    while value(&text, patch) < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no status PATCH counted:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        text = d.text();
+    }
+    assert!(
+        value(
+            &text,
+            r#"plexus_api_requests_total{verb="create",resource="events",code="201"}"#
+        ) >= 1.0
+            || value(
+                &text,
+                r#"plexus_api_requests_total{verb="create",resource="events",code="200"}"#
+            ) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"plexus_cni_requests_total{verb="ADD",result="ok",code="0"}"#
+        ),
+        1.0
+    );
+    for leak in ["dmetrics", "cid-dm", "uid-dm"] {
+        assert!(!text.contains(leak), "{leak} in\n{text}");
+    }
+    run(
+        &bin("plexus"),
+        &Call {
+            command: "DEL",
+            container_id: "cid-dm",
+            netns: &ns.path(),
+            ifname: "eth0",
+            args,
+        },
+        &s.config("bridge"),
+        &[],
+    )
+    .ok();
 }
