@@ -11,7 +11,10 @@
 //! back with its address; 3 → 5 with 4 mapped: replica 4 gets a clear event and no network;
 //! down to 2 and up to 4 again; the mapping changed while pods run (running ones keep theirs,
 //! a recreated one gets the new one); a NAD with a static address used by a 2-replica set and a
-//! pod asking for a replica's address: never one address twice (AddressInUse event). Then daemon
+//! pod asking for a replica's address: never one address twice (AddressInUse event); a set `pg`
+//! mapped in both families (`pg-0` IPv4 and IPv6, `pg-1` IPv6 only): the addresses on net1, in
+//! network-status and claimed, IPv6 pings between the replicas, `pg-0` recreated keeps both.
+//! Then daemon
 //! mode (plexus-daemon, the shim): the replicas again, a recreated one with its address, the
 //! unmapped ordinal refused. Finally everything deleted: no plan, netns or pod left.
 //!
@@ -98,6 +101,10 @@ fn main() -> ExitCode {
         suite.case("a_static_address_is_never_given_twice", || {
             tier.never_twice()
         });
+        suite.case(
+            "ipv6_and_dual_entries_per_ordinal_a_recreated_replica_keeps_both",
+            || tier.dual_set(),
+        );
         suite.case("daemon_mode_replicas_get_and_keep_their_addresses", || {
             tier.daemon_mode()
         });
@@ -476,6 +483,108 @@ impl<'a> Tier<'a> {
             served >= 5.0,
             "the daemon served {served} ADDs, want the 4 replicas and the recreated one"
         );
+        Ok(())
+    }
+
+    /// The addresses of `net1` of `pg-<ord>`, Running, as network-status and the pod's netns
+    /// list them (sorted; the same in both, checked), and its netns.
+    fn pg_addresses(&self, ord: usize) -> Result<(Vec<String>, String, String)> {
+        let name = format!("pg-{ord}");
+        let mut last = Value::Null;
+        wait_for(&format!("{name} Running"), WAIT, || {
+            last = self.pod(&name)?.unwrap_or(Value::Null);
+            Ok(running(&last) && Self::net1(&last)?.is_some())
+        })
+        .with_context(|| format!("{name}: {}", last["status"]))?;
+        let mut status: Vec<String> = network_status(&last)?
+            .iter()
+            .find(|e| e["interface"] == "net1")
+            .and_then(|e| e["ips"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        status.sort();
+        let uid = last["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        let (_, netns) = self.node.pod_sandbox(&uid)?;
+        self.netns_seen.borrow_mut().insert(netns.clone());
+        let mut inside = pods::interfaces(&netns)?
+            .get("net1")
+            .map(|i| i.ips.clone())
+            .unwrap_or_default();
+        inside.sort();
+        ensure!(
+            inside == status,
+            "{name}: net1 has {inside:?}, network-status says {status:?}"
+        );
+        Ok((status, netns, uid))
+    }
+
+    /// A set mapped in both families on `data6`: `pg-0` gets an IPv4 and an IPv6 address,
+    /// `pg-1` an IPv6 one; each is claimed by its replica; the replicas ping each other over
+    /// IPv6; `pg-0` deleted comes back with both and `pg-1` reaches its IPv6 address again.
+    fn dual_set(&self) -> Result<()> {
+        let mapping = json!({"pg": [["10.246.2.20/24", "fd00:246:2::20/64"], "fd00:246:2::21/64"]})
+            .to_string();
+        let cfg = json!({"cniVersion":"1.0.0","name":"data6","type":"bridge",
+            "bridge":self.bridges[1],"ipam":{"type":"static"}});
+        let nad = json!({"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition",
+            "metadata":{"name":"data6","namespace":NS,"annotations":{ MAPPING: mapping }},
+            "spec":{"config":cfg.to_string()}});
+        self.cp.apply(&nad.to_string())?;
+        self.apply_set("pg", "data6", 2)?;
+        let want = [
+            vec!["10.246.2.20".to_string(), "fd00:246:2::20".to_string()],
+            vec!["fd00:246:2::21".to_string()],
+        ];
+        let check = |ord: usize| -> Result<String> {
+            let (got, netns, uid) = self.pg_addresses(ord)?;
+            ensure!(
+                got == want[ord],
+                "pg-{ord} has {got:?}, want {:?}",
+                want[ord]
+            );
+            let claims = self.cp.address_claims(NS, "data6")?;
+            for a in &want[ord] {
+                ensure!(
+                    claims
+                        .iter()
+                        .any(|c| &c.0 == a && c.1 == format!("pg-{ord}") && c.2 == uid),
+                    "no claim of {a} by pg-{ord} ({uid}): {claims:?}"
+                );
+            }
+            Ok(netns)
+        };
+        let ns0 = check(0)?;
+        let ns1 = check(1)?;
+        // IPv6 between the replicas (DAD on the bridge may still run for a moment).
+        for (from, to) in [(&ns0, "fd00:246:2::21"), (&ns1, "fd00:246:2::20")] {
+            wait_for(&format!("{to} answering over IPv6"), WAIT, || {
+                Ok(pods::pings(Some(from), to))
+            })?;
+        }
+        self.recreate("pg-0")?;
+        let ns0 = check(0)?;
+        let t = std::time::Instant::now();
+        wait_for("the recreated pg-0 answering over IPv6", WAIT, || {
+            Ok(pods::pings(Some(&ns1), "fd00:246:2::20"))
+        })?;
+        ensure!(
+            pods::pings(Some(&ns0), "fd00:246:2::21"),
+            "the recreated pg-0 does not reach pg-1 over IPv6"
+        );
+        println!(
+            "real_statefulset: pg-0 recreated with 10.246.2.20 and fd00:246:2::20; pg-1 reached it over IPv6 after {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        self.cp
+            .kubectl(&["-n", NS, "delete", "statefulset", "pg"])?;
+        for n in ["pg-0", "pg-1"] {
+            self.api.delete_pod(NS, n)?;
+        }
+        self.wait_gone(&["pg-0", "pg-1"])?;
+        let claims = self.cp.address_claims(NS, "data6")?;
+        ensure!(claims.is_empty(), "data6 claims left: {claims:?}");
         Ok(())
     }
 
