@@ -81,6 +81,10 @@ pub struct PlexusConfig {
     /// Log level (`panic`, `error`, `verbose`, `debug`, or tracing's names).
     #[serde(default)]
     pub log_level: String,
+    /// Plexus: `text` (the default) or `json` (one object per line) for the log file and
+    /// stderr; `PLEXUS_LOG_FORMAT` in plexus' environment wins.
+    #[serde(default)]
+    pub log_format: String,
     /// Also log to stderr.
     #[serde(default = "default_true")]
     pub log_to_stderr: bool,

@@ -415,3 +415,63 @@ fn json_log_lines_parse_filter_per_module_and_carry_no_token() {
     assert_eq!(done.len(), 1, "{}", &log[seen..]);
     assert_eq!(done[0]["fields"]["container"], cid.as_str());
 }
+
+/// The config's `logFormat: json` (what the thin plugin reads: the runtime gives it no
+/// environment of ours) makes every line of the call's log a JSON object; an unknown value logs
+/// as text with a warning naming it, and the call still succeeds.
+#[test]
+fn the_configs_log_format_selects_json_and_an_unknown_one_warns() {
+    let node = Node::new();
+    node.nad("data", json!({"type":"host-local","dataDir":node.path("ipam"),"ranges":[[{"subnet":"10.91.11.0/24"}]]}));
+    for (format, json_lines) in [("json", true), ("yaml", false)] {
+        let args = node.pod(&format!("fmt-{format}"), "data");
+        let netns = Netns::new();
+        let cid = uniq("diag-fmt");
+        let log = node.path(&format!("plexus-{format}.log"));
+        let mut cfg = node.config();
+        cfg["logFormat"] = json!(format);
+        cfg["logFile"] = json!(log);
+        cfg["logLevel"] = json!("info");
+        let netns_path = netns.path();
+        let call = |command| Call {
+            command,
+            container_id: &cid,
+            netns: &netns_path,
+            ifname: "eth0",
+            args: &args,
+        };
+        run(&bin("plexus"), &call("ADD"), &cfg, &[]).ok();
+        let text = std::fs::read_to_string(&log).unwrap();
+        let parsed: Vec<Option<Value>> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l)
+                    .ok()
+                    .filter(Value::is_object)
+            })
+            .collect();
+        assert!(!parsed.is_empty(), "{format}: no log line");
+        if json_lines {
+            assert!(parsed.iter().all(Option::is_some), "not all JSON: {text}");
+            assert!(
+                parsed
+                    .iter()
+                    .flatten()
+                    .any(|l| l["fields"]["message"] == "ADD done"),
+                "{text}"
+            );
+        } else {
+            assert!(
+                parsed.iter().all(Option::is_none),
+                "JSON for {format}: {text}"
+            );
+            assert!(
+                text.lines().any(|l| l.contains("WARN")
+                    && l.contains("unknown logFormat")
+                    && l.contains("yaml")),
+                "no warning naming the value: {text}"
+            );
+        }
+        run(&bin("plexus"), &call("DEL"), &cfg, &[]).ok();
+    }
+}

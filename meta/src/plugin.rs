@@ -26,23 +26,31 @@ impl Plexus {
         timing::reset();
         let _phase = timing::phase("config");
         let ctx = Ctx::new(args, self.in_cluster.clone())?;
-        logging::init(&LogOptions {
-            level: ctx.config.log_level.clone(),
-            file: (!ctx.config.log_file.is_empty()).then(|| PathBuf::from(&ctx.config.log_file)),
-            to_stderr: ctx.config.log_to_stderr,
-            max_size_mb: ctx
-                .config
-                .log_options
-                .as_ref()
-                .and_then(|o| o.max_size)
-                .map_or(100, u64::from),
-            max_backups: ctx
-                .config
-                .log_options
-                .as_ref()
-                .and_then(|o| o.max_backups)
-                .unwrap_or(5),
-        });
+        let format = logging::Format::parse(&ctx.config.log_format);
+        logging::init_with_format(
+            &LogOptions {
+                level: ctx.config.log_level.clone(),
+                file: (!ctx.config.log_file.is_empty())
+                    .then(|| PathBuf::from(&ctx.config.log_file)),
+                to_stderr: ctx.config.log_to_stderr,
+                max_size_mb: ctx
+                    .config
+                    .log_options
+                    .as_ref()
+                    .and_then(|o| o.max_size)
+                    .map_or(100, u64::from),
+                max_backups: ctx
+                    .config
+                    .log_options
+                    .as_ref()
+                    .and_then(|o| o.max_backups)
+                    .unwrap_or(5),
+            },
+            format.unwrap_or_default(),
+        );
+        if format.is_none() {
+            tracing::warn!(log_format = %ctx.config.log_format, "unknown logFormat (text or json): logging as text");
+        }
         tracing::debug!(command = args.command.as_str(), container = %args.container_id, ifname = %args.ifname, "plexus called");
         Ok(ctx)
     }

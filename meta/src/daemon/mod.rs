@@ -62,6 +62,8 @@ pub struct DaemonConfig {
     pub api_timeout_ms: u64,
     /// The daemon's log level; empty: `$PLEXUS_LOG_LEVEL`, else `info`.
     pub log_level: String,
+    /// `text` or `json` (one object per line); `$PLEXUS_LOG_FORMAT` wins.
+    pub log_format: String,
     /// A log file (appended, 0600, rotated at 100 MB, 5 kept) besides stderr; empty: stderr
     /// only. The CNI config's `logFile` is the shim's and the in-process fallbacks' log.
     pub log_file: String,
@@ -93,6 +95,7 @@ impl Default for DaemonConfig {
             drain_seconds: 30,
             api_timeout_ms: 2500,
             log_level: String::new(),
+            log_format: String::new(),
             log_file: String::new(),
             status_in_call: false,
             host_root: String::new(),
@@ -116,7 +119,7 @@ const USAGE: &str =
                      [--metrics-address HOST:PORT] [--metrics-insecure-http]
                      [--metrics-cert-file PEM --metrics-key-file PEM]
                      [--readiness-file PATH] [--drain-seconds N]
-                     [--log-level LEVEL] [--log-file PATH] [--status-in-call]
+                     [--log-level LEVEL] [--log-format text|json] [--log-file PATH] [--status-in-call]
                      [--host-root DIR] [--reconcile-interval SECONDS] [--cni-config FILE]
        plexus daemon reconcile --config FILE ... [--every SECONDS]
                      (node reconciler: one pass, or a loop; --help)
@@ -150,6 +153,12 @@ impl DaemonConfig {
                 "--drain-seconds" => cfg.drain_seconds = num(val()?)?,
                 "--log-level" => cfg.log_level = val()?,
                 "--log-file" => cfg.log_file = val()?,
+                "--log-format" => {
+                    cfg.log_format = val()?;
+                    if plexus_delegates::logging::Format::parse(&cfg.log_format).is_none() {
+                        return Err(format!("--log-format {:?}: text or json", cfg.log_format));
+                    }
+                }
                 "--status-in-call" => cfg.status_in_call = true,
                 "--host-root" => cfg.host_root = val()?,
                 "--reconcile-interval" => cfg.reconcile_interval_seconds = num(val()?)?,
@@ -335,7 +344,10 @@ pub fn main(argv: &[String]) -> i32 {
             return 2;
         }
     };
-    plexus_delegates::logging::init(&log_options(&cfg));
+    plexus_delegates::logging::init_with_format(
+        &log_options(&cfg),
+        plexus_delegates::logging::Format::parse(&cfg.log_format).unwrap_or_default(),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("plexus-async")
