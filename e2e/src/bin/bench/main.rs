@@ -27,7 +27,7 @@
 //!    against plexus' clone(CLONE_VM|CLONE_VFORK) start, with plexus-sized memory
 //!    ([`spawn_cost`]).
 //!
-//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale | --spawn-cost]`
+//! Usage: `plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] [--thin-metrics] | --previous DIR [--thin-metrics] | --fleet NODES | --tls-resume | --address-scale | --spawn-cost]`
 //! (as root).
 
 mod address_scale;
@@ -525,6 +525,7 @@ fn main() {
     let mut real_api_only = false;
     let mut peers_only = false;
     let mut previous: Option<PathBuf> = None;
+    let mut thin_metrics = false;
     let mut fleet = None;
     let mut tls_resume = false;
     let mut address_scale = false;
@@ -543,12 +544,13 @@ fn main() {
             "--real-api" => real_api_only = true,
             "--peers" => peers_only = true,
             "--previous" => previous = it.next().map(PathBuf::from),
+            "--thin-metrics" => thin_metrics = true,
             "--tls-resume" => tls_resume = true,
             "--address-scale" => address_scale = true,
             "--spawn-cost" => spawn_cost = true,
             "--fleet" => fleet = it.next().and_then(|v| v.parse::<usize>().ok()),
             _ => {
-                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] | --previous DIR | --fleet NODES | --tls-resume | --address-scale | --spawn-cost]");
+                eprintln!("usage: plexus-bench [--iterations N] [--plexus PATH] [--cni-bin DIR] [--daemon-only | --real-api | --peers [--previous DIR] [--thin-metrics] | --previous DIR [--thin-metrics] | --fleet NODES | --tls-resume | --address-scale | --spawn-cost]");
                 std::process::exit(2);
             }
         }
@@ -594,6 +596,7 @@ fn main() {
             previous: previous.as_deref(),
             peers: peers_only,
             rounds: n,
+            thin_metrics,
         };
         if let Err(e) = peers::run(&o, &cni_bin) {
             eprintln!("plexus-bench --peers/--previous: {e:#}");

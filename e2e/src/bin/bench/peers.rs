@@ -378,12 +378,24 @@ pub struct Options<'a> {
     pub peers: bool,
     /// Timed rounds.
     pub rounds: usize,
+    /// Make the thin plugins' metrics directory (`<cniDir>/metrics`, as thin mode's exporter
+    /// does), so a build that records its calls' outcomes writes them during the rounds.
+    pub thin_metrics: bool,
 }
 
 /// Run the side-by-side benchmark: rounds interleave every system of `o`.
 pub fn run(o: &Options, cni_bin: &Path) -> Result<()> {
     let n = o.rounds;
     let mut p = Peers::start(cni_bin)?;
+    if o.thin_metrics {
+        let dir = p.e.path("plexus-state/metrics");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        println!(
+            " thin mode's metrics directory made ({}): calls record their outcomes",
+            dir.display()
+        );
+    }
     let thin_logged = |p: &Peers, bin: &Path, log: &str| {
         // Its `ADD done` lines (phases) go to `log`: one appended line per call.
         let mut c = p.thin("plexus", "kubeconfig");
