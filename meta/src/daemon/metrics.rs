@@ -1,6 +1,6 @@
-//! The daemon's Prometheus metrics (the `prometheus-client` crate, OpenMetrics text) and its
-//! HTTP endpoint: `/metrics`, `/healthz` (the process answers), `/readyz` (caches synced and
-//! not draining).
+//! The metric families both modes export (docs/metrics.md), in one `prometheus-client`
+//! registry (OpenMetrics text): the daemon's, fed as its calls run, or thin mode's exporter's,
+//! fed from the calls' outcome lines ([`tail`]). [`super::metrics_http`] serves it.
 
 pub mod tail;
 pub mod vf_pool;
@@ -13,10 +13,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Request {
@@ -487,64 +486,6 @@ pub fn install_daemon(m: &Arc<Metrics>) {
     crate::outcome::install(Arc::clone(m) as Arc<dyn Sink>);
     m.pending_from(crate::report::background::pending_count);
     vf_pool::spawn_refresh(Arc::clone(m), vf_pool::SYSFS, vf_pool::REFRESH);
-}
-
-/// Serve `/metrics`, `/healthz` and `/readyz` on `listener` (HTTP/1.0-style: one request per
-/// connection).
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, caches: Arc<Caches>) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            continue;
-        };
-        let (metrics, caches) = (Arc::clone(&metrics), Arc::clone(&caches));
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 2048];
-            let mut n = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while n < buf.len() {
-                    match conn.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => n += k,
-                    }
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            })
-            .await;
-            if read.is_err() {
-                return;
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let ready = caches.synced() && !metrics.draining.load(Ordering::SeqCst);
-            let (code, ctype, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.encode(),
-                ),
-                "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
-                "/readyz" if ready => ("200 OK", "text/plain", "ready\n".to_string()),
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    if metrics.draining.load(Ordering::SeqCst) {
-                        "draining\n".to_string()
-                    } else {
-                        "caches not synced\n".to_string()
-                    },
-                ),
-                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(resp.as_bytes()).await;
-            let _ = conn.shutdown().await;
-        });
-    }
 }
 
 #[cfg(test)]
